@@ -1,0 +1,605 @@
+//! Railhook's configuration: one [`Config`] tree, loaded in layers and validated before any
+//! component starts.
+//!
+//! Layers, later ones win:
+//! 1. the defaults in this file ([`Config::default`]);
+//! 2. `railhook.toml` (or the file named by `--config` / `RAILHOOK_CONFIG`);
+//! 3. `RAILHOOK_*` environment variables: `RAILHOOK_DATABASE__URL` sets `database.url`
+//!    (a double underscore separates sections), plus the short aliases listed in
+//!    [`ENV_ALIASES`] such as `RAILHOOK_ADMIN_TOKEN`;
+//! 4. command-line flags, passed in as [`Overrides`].
+//!
+//! Validation collects every problem at once and says how to fix each one.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// Environment variables that are shorter than their `SECTION__KEY` spelling, because
+/// operators expect them: `(variable, dotted key)`.
+pub const ENV_ALIASES: &[(&str, &str)] = &[
+    ("RAILHOOK_ADMIN_TOKEN", "api.admin_token"),
+    ("RAILHOOK_DATABASE_URL", "database.url"),
+    ("RAILHOOK_KAFKA_BROKERS", "kafka.brokers"),
+];
+
+/// What is shown instead of a secret.
+pub const REDACTED: &str = "<redacted>";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub kafka: KafkaConfig,
+    pub api: ApiConfig,
+    pub relay: RelayConfig,
+    pub worker: WorkerConfig,
+    pub network: NetworkConfig,
+    pub telemetry: TelemetryConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// libpq-style URL of the Postgres database that holds Railhook's tables.
+    pub url: String,
+    /// Upper bound of the connection pool of each component.
+    pub max_connections: usize,
+    /// How long a component waits for a pooled connection before failing a request.
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers` for every producer, consumer and admin client.
+    pub brokers: String,
+    /// Prepended to every topic name; tests use it to isolate themselves.
+    pub topic_prefix: String,
+    /// Topic of outgoing Delivery announcements, keyed by endpoint id.
+    pub deliveries_topic: String,
+    /// Topic of incoming Forward announcements, keyed by destination id.
+    pub forwards_topic: String,
+    /// Partition count used when Railhook creates a missing topic.
+    pub partitions: i32,
+    /// Replication factor used when Railhook creates a missing topic.
+    pub replication_factor: i32,
+    /// Any librdkafka property (`security.protocol`, `sasl.*`, `ssl.*`, `linger.ms`, ...),
+    /// applied to every client after Railhook's own settings.
+    pub properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Address the HTTP API listens on.
+    pub listen: SocketAddr,
+    /// Operator token for `/v1/admin/*`. Empty disables the admin routes.
+    pub admin_token: String,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Grace period during which a rotated-out endpoint secret still signs deliveries.
+    pub secret_rotation_grace_seconds: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    /// Stream the outbox from the WAL through a logical replication slot.
+    Cdc,
+    /// Poll the outbox table every second (the baseline the CDC relay replaces).
+    Poll,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    pub mode: RelayMode,
+    /// Logical replication slot the CDC relay reads.
+    pub slot_name: String,
+    /// Publication (publish = 'insert') on the outbox table.
+    pub publication_name: String,
+    /// Create the publication and slot when they are missing.
+    pub create_slot: bool,
+    /// Recreate a lost or dropped slot and re-announce what is still PENDING.
+    pub recreate_lost_slot: bool,
+    /// Interval of Standby Status Updates; keep it well inside `wal_sender_timeout`.
+    pub status_interval_ms: u64,
+    /// Relayed outbox rows older than this are deleted.
+    pub outbox_retention_seconds: u64,
+    /// Address of the relay's own /metrics, /healthz and /readyz when run alone.
+    pub ops_listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// Kafka consumer group of the delivery workers.
+    pub group_id: String,
+    /// Attempts in flight at once in one worker process.
+    pub max_in_flight: usize,
+    /// Address of the worker's own /metrics, /healthz and /readyz when run alone.
+    pub ops_listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetworkConfig {
+    /// CIDRs that endpoint URLs may reach although they are private, loopback or link-local
+    /// (e.g. `127.0.0.0/8` for local development). Empty by default.
+    pub allow_cidrs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    pub log_format: LogFormat,
+    /// A `tracing` filter such as `info` or `railhook_relay=debug,info`.
+    pub log_filter: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            database: DatabaseConfig::default(),
+            kafka: KafkaConfig::default(),
+            api: ApiConfig::default(),
+            relay: RelayConfig::default(),
+            worker: WorkerConfig::default(),
+            network: NetworkConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        DatabaseConfig {
+            url: "postgres://railhook@127.0.0.1:54329/railhook".into(),
+            max_connections: 16,
+            acquire_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:19092".into(),
+            topic_prefix: String::new(),
+            deliveries_topic: "railhook.deliveries".into(),
+            forwards_topic: "railhook.forwards".into(),
+            partitions: 6,
+            replication_factor: 1,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_token: String::new(),
+            max_body_bytes: 1024 * 1024,
+            secret_rotation_grace_seconds: 24 * 3600,
+        }
+    }
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            mode: RelayMode::Cdc,
+            slot_name: "railhook_outbox".into(),
+            publication_name: "railhook_outbox".into(),
+            create_slot: true,
+            recreate_lost_slot: true,
+            status_interval_ms: 1_000,
+            outbox_retention_seconds: 3_600,
+            ops_listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            group_id: "railhook-worker".into(),
+            max_in_flight: 256,
+            ops_listen: SocketAddr::from(([127, 0, 0, 1], 9092)),
+        }
+    }
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig { allow_cidrs: Vec::new() }
+    }
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { log_format: LogFormat::Human, log_filter: "info".into() }
+    }
+}
+
+/// Values from command-line flags: the last layer. Keys are dotted paths
+/// (`api.listen`), values are TOML literals or bare strings.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides(pub Vec<(String, String)>);
+
+impl Overrides {
+    pub fn set(&mut self, key: &str, value: impl Into<String>) {
+        self.0.push((key.to_string(), value.into()));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Parse(String),
+    #[error("invalid configuration:\n{}", .0.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<String>),
+}
+
+/// Where to look for the file layer.
+#[derive(Debug, Clone)]
+pub enum FileSource {
+    /// `railhook.toml` in the working directory, if it exists.
+    Default,
+    /// A file the user named: it must exist.
+    Explicit(PathBuf),
+}
+
+impl Config {
+    /// Loads all four layers from the process environment and validates the result.
+    pub fn load(file: FileSource, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::load_from(file, &env, overrides)
+    }
+
+    /// As [`Config::load`], with the environment given explicitly (for tests).
+    pub fn load_from(
+        file: FileSource,
+        env: &[(String, String)],
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        match file {
+            FileSource::Default => {
+                let path = Path::new("railhook.toml");
+                if path.exists() {
+                    figment = figment.merge(Toml::file(path));
+                }
+            }
+            FileSource::Explicit(path) => {
+                if !path.exists() {
+                    return Err(ConfigError::File {
+                        path,
+                        message: "no such file; pass an existing path to --config".into(),
+                    });
+                }
+                figment = figment.merge(Toml::file(path));
+            }
+        }
+
+        // RAILHOOK_SECTION__KEY, read from the given environment rather than the process's.
+        let env_map: BTreeMap<String, String> = env.iter().cloned().collect();
+        let mut nested = toml::Table::new();
+        for (name, value) in &env_map {
+            let Some(rest) = name.strip_prefix("RAILHOOK_") else { continue };
+            if let Some((_, key)) = ENV_ALIASES.iter().find(|(alias, _)| alias == name) {
+                insert_dotted(&mut nested, key, value);
+            } else if rest.contains("__") {
+                let key = rest.to_ascii_lowercase().replace("__", ".");
+                insert_dotted(&mut nested, &key, value);
+            }
+        }
+        figment = figment.merge(Serialized::defaults(nested));
+
+        let mut flags = toml::Table::new();
+        for (key, value) in &overrides.0 {
+            insert_dotted(&mut flags, key, value);
+        }
+        figment = figment.merge(Serialized::defaults(flags));
+
+        let config: Config = figment.extract().map_err(|e| ConfigError::Parse(describe_figment_error(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Every problem at once, each with its fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if !(self.database.url.starts_with("postgres://") || self.database.url.starts_with("postgresql://")) {
+            problems.push("database.url must be a postgres:// URL, e.g. postgres://railhook@127.0.0.1:54329/railhook (set RAILHOOK_DATABASE__URL)".to_string());
+        }
+        if self.database.max_connections == 0 {
+            problems.push("database.max_connections must be at least 1".into());
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            problems.push("kafka.brokers is empty: set it to host:port[,host:port], e.g. RAILHOOK_KAFKA__BROKERS=127.0.0.1:19092".into());
+        }
+        if self.kafka.partitions < 1 {
+            problems.push(format!("kafka.partitions is {}: it must be at least 1", self.kafka.partitions));
+        }
+        if self.kafka.replication_factor < 1 {
+            problems.push("kafka.replication_factor must be at least 1".into());
+        }
+        for topic in [&self.kafka.deliveries_topic, &self.kafka.forwards_topic] {
+            if !valid_topic(&format!("{}{}", self.kafka.topic_prefix, topic)) {
+                problems.push(format!("kafka topic '{}{}' is not a valid Kafka topic name (letters, digits, '.', '_', '-', at most 249 characters)", self.kafka.topic_prefix, topic));
+            }
+        }
+        for key in self.kafka.properties.keys() {
+            if ["enable.idempotence", "acks", "bootstrap.servers"].contains(&key.as_str()) {
+                problems.push(format!("kafka.properties.{key} is set by Railhook itself and may not be overridden (remove it)"));
+            }
+        }
+        if self.api.max_body_bytes < 1024 {
+            problems.push("api.max_body_bytes must be at least 1024".into());
+        }
+        if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
+            problems.push("api.admin_token is shorter than 16 characters: use a long random value (e.g. `openssl rand -hex 24`)".into());
+        }
+        for name in [&self.relay.slot_name, &self.relay.publication_name] {
+            if !valid_identifier(name) {
+                problems.push(format!("relay slot/publication name '{name}' must be lower-case letters, digits and '_' (at most 63), starting with a letter"));
+            }
+        }
+        if self.relay.status_interval_ms == 0 || self.relay.status_interval_ms > 30_000 {
+            problems.push("relay.status_interval_ms must be between 1 and 30000 (well inside wal_sender_timeout, 60 s by default)".into());
+        }
+        if self.worker.max_in_flight == 0 {
+            problems.push("worker.max_in_flight must be at least 1".into());
+        }
+        for cidr in &self.network.allow_cidrs {
+            if !valid_cidr(cidr) {
+                problems.push(format!("network.allow_cidrs entry '{cidr}' is not a CIDR such as 127.0.0.0/8 or ::1/128"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// The effective configuration as TOML, with every secret replaced by [`REDACTED`].
+    pub fn redacted_toml(&self) -> String {
+        let mut copy = self.clone();
+        copy.database.url = redact_url(&copy.database.url);
+        if !copy.api.admin_token.is_empty() {
+            copy.api.admin_token = REDACTED.into();
+        }
+        for (key, value) in copy.kafka.properties.iter_mut() {
+            if is_secret_property(key) {
+                *value = REDACTED.into();
+            }
+        }
+        toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+    }
+
+    /// Full topic name of the deliveries topic, prefix included.
+    pub fn deliveries_topic(&self) -> String {
+        format!("{}{}", self.kafka.topic_prefix, self.kafka.deliveries_topic)
+    }
+
+    /// Full topic name of the forwards topic, prefix included.
+    pub fn forwards_topic(&self) -> String {
+        format!("{}{}", self.kafka.topic_prefix, self.kafka.forwards_topic)
+    }
+}
+
+fn insert_dotted(table: &mut toml::Table, key: &str, raw: &str) {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let last = parts.pop().unwrap_or_default();
+    let mut current = table;
+    for part in parts {
+        let entry = current
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        let toml::Value::Table(next) = entry else { return };
+        current = next;
+    }
+    current.insert(last.to_string(), parse_scalar(raw));
+}
+
+/// Environment and flag values are strings; numbers, booleans and arrays are read as TOML
+/// when they parse as such, so `RAILHOOK_KAFKA__PARTITIONS=12` is an integer.
+fn parse_scalar(raw: &str) -> toml::Value {
+    let probe = format!("v = {raw}");
+    match probe.parse::<toml::Table>() {
+        Ok(mut t) => match t.remove("v") {
+            Some(v @ (toml::Value::Integer(_) | toml::Value::Boolean(_) | toml::Value::Array(_) | toml::Value::Float(_))) => v,
+            _ => toml::Value::String(raw.to_string()),
+        },
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn describe_figment_error(e: figment::Error) -> String {
+    e.into_iter()
+        .map(|err| {
+            let path = err.path.join(".");
+            if path.is_empty() {
+                err.to_string()
+            } else {
+                format!("{path}: {err}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn valid_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn valid_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn valid_cidr(cidr: &str) -> bool {
+    let Some((addr, len)) = cidr.split_once('/') else { return false };
+    let Ok(len) = len.parse::<u8>() else { return false };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => len <= 32,
+        Ok(std::net::IpAddr::V6(_)) => len <= 128,
+        Err(_) => false,
+    }
+}
+
+fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password") || key.contains("secret") || key.ends_with(".key.pem") || key.contains("sasl.oauthbearer.config")
+}
+
+/// Replaces the password of a URL (`postgres://user:pw@host/db`) with [`REDACTED`].
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let Some((userinfo, host)) = authority.rsplit_once('@') else { return url.to_string() };
+    let redacted = match userinfo.split_once(':') {
+        Some((user, _)) => format!("{user}:{REDACTED}"),
+        None => userinfo.to_string(),
+    };
+    let tail = redact_query_password(tail);
+    format!("{scheme}://{redacted}@{host}{tail}")
+}
+
+fn redact_query_password(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else { return tail.to_string() };
+    let query = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}={REDACTED}"),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{path}?{query}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = std::env::temp_dir().join(format!("railhook-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("railhook.toml");
+        std::fs::write(&file, "[kafka]\npartitions = 3\nbrokers = \"file:1\"\n[api]\nlisten = \"127.0.0.1:7000\"\n").unwrap();
+        let mut flags = Overrides::default();
+        flags.set("api.listen", "127.0.0.1:7001");
+        let config = Config::load_from(
+            FileSource::Explicit(file),
+            &env(&[("RAILHOOK_KAFKA__PARTITIONS", "12"), ("RAILHOOK_ADMIN_TOKEN", "0123456789abcdef0123")]),
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(config.kafka.partitions, 12, "env beats file");
+        assert_eq!(config.kafka.brokers, "file:1", "file beats defaults");
+        assert_eq!(config.api.listen.port(), 7001, "flags beat file");
+        assert_eq!(config.api.admin_token, "0123456789abcdef0123", "alias applies");
+        assert_eq!(config.relay.slot_name, "railhook_outbox", "defaults remain");
+    }
+
+    #[test]
+    fn invalid_values_say_how_to_fix() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_KAFKA__PARTITIONS", "0"), ("RAILHOOK_DATABASE__URL", "mysql://x")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("kafka.partitions is 0"), "{err}");
+        assert!(err.contains("RAILHOOK_DATABASE__URL"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_API__LISTN", "x")]), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let mut config = Config::default();
+        config.database.url = "postgres://rh:hunter2@db:5432/railhook?sslmode=require".into();
+        config.api.admin_token = "supersecretadmintoken".into();
+        config.kafka.properties.insert("sasl.password".into(), "kafkapw".into());
+        config.kafka.properties.insert("linger.ms".into(), "5".into());
+        let text = config.redacted_toml();
+        for secret in ["hunter2", "supersecretadmintoken", "kafkapw"] {
+            assert!(!text.contains(secret), "{secret} leaked in\n{text}");
+        }
+        assert!(text.contains("linger.ms"));
+        assert!(text.contains("rh:<redacted>@db:5432"));
+    }
+}
+
+#[cfg(test)]
+mod docs_tests {
+    use super::*;
+
+    /// docs/CONFIGURATION.md lists every key with its default.
+    #[test]
+    fn every_key_is_documented() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CONFIGURATION.md")).unwrap();
+        let value = toml::Value::try_from(Config::default()).unwrap();
+        let mut missing = Vec::new();
+        for (section, table) in value.as_table().unwrap() {
+            for (key, v) in table.as_table().unwrap() {
+                let row = format!("| `{section}.{key}` | ");
+                let Some(line) = doc.lines().find(|l| l.starts_with(&row)) else {
+                    missing.push(format!("{section}.{key}"));
+                    continue;
+                };
+                let shown = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Table(_) => "{}".into(),
+                    other => other.to_string(),
+                };
+                let shown = if shown.is_empty() { "\"\"".to_string() } else { shown };
+                assert!(line.contains(&format!("`{shown}`")), "default of {section}.{key} is {shown}: {line}");
+            }
+        }
+        assert!(missing.is_empty(), "undocumented keys: {missing:?}");
+    }
+}

@@ -1,0 +1,87 @@
+//! Railhook's Kafka clients. Every producer, consumer and admin client is configured here,
+//! so the librdkafka passthrough (`kafka.properties`) applies to all of them the same way.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::producer::FutureProducer;
+use railhook_config::KafkaConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    #[error("Kafka client error: {0}")]
+    Client(#[from] rdkafka::error::KafkaError),
+    #[error("cannot create topic {topic}: {message}")]
+    CreateTopic { topic: String, message: String },
+    #[error("Kafka at {brokers} is not reachable: {message}")]
+    Unreachable { brokers: String, message: String },
+}
+
+/// The base configuration: brokers, then the user's passthrough properties.
+pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", &kafka.brokers);
+    for (key, value) in &kafka.properties {
+        config.set(key, value);
+    }
+    config
+}
+
+/// Producer settings the relay's guarantees rest on: idempotence (no duplicates or
+/// reordering from internal retries), `acks=all`, and a bounded local queue so a stalled
+/// cluster becomes backpressure instead of memory growth.
+pub fn idempotent_producer_config(kafka: &KafkaConfig, queue_messages: usize) -> ClientConfig {
+    let mut config = client_config(kafka);
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("queue.buffering.max.messages", queue_messages.to_string())
+        .set("queue.buffering.max.kbytes", "65536");
+    if !kafka.properties.contains_key("linger.ms") {
+        config.set("linger.ms", "1");
+    }
+    config
+}
+
+pub fn idempotent_producer(kafka: &KafkaConfig, queue_messages: usize) -> Result<FutureProducer, KafkaError> {
+    Ok(idempotent_producer_config(kafka, queue_messages).create()?)
+}
+
+/// Creates each missing topic with the configured partitions and replication factor.
+/// A topic that already exists is left as it is.
+pub async fn ensure_topics(kafka: &KafkaConfig, topics: &[String]) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = client_config(kafka).create()?;
+    let new_topics: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, kafka.partitions, TopicReplication::Fixed(kafka.replication_factor)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.create_topics(new_topics.iter(), &options).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(KafkaError::CreateTopic { topic, message: code.to_string() }),
+        }
+    }
+    Ok(())
+}
+
+/// Asks the cluster for its metadata. librdkafka's call blocks, so it runs off the async
+/// threads.
+pub async fn check_reachable(kafka: &KafkaConfig, timeout: Duration) -> Result<usize, KafkaError> {
+    let config = client_config(kafka);
+    let brokers = kafka.brokers.clone();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let metadata = consumer
+            .fetch_metadata(None, timeout)
+            .map_err(|e| KafkaError::Unreachable { brokers: brokers.clone(), message: e.to_string() })?;
+        Ok(metadata.brokers().len())
+    })
+    .await
+    .map_err(|e| KafkaError::Unreachable { brokers: kafka.brokers.clone(), message: e.to_string() })?
+}

@@ -1,0 +1,10 @@
+//! Railhook's Postgres access. SQL lives next to the code that runs it.
+
+pub mod error;
+pub mod migrate;
+pub mod pool;
+pub mod server;
+
+pub use error::StoreError;
+pub use migrate::{Migration, MigrationReport, Migrator};
+pub use pool::{build_pool, connect_pool, Pool};

@@ -1,0 +1,37 @@
+//! The connection pool every component uses.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
+use railhook_config::DatabaseConfig;
+use tokio_postgres::NoTls;
+
+use crate::StoreError;
+
+pub type Pool = deadpool_postgres::Pool;
+
+/// Builds a pool for `config.url` and checks that one connection can be made.
+pub async fn connect_pool(config: &DatabaseConfig) -> Result<Pool, StoreError> {
+    let pool = build_pool(config)?;
+    let client = pool.get().await.map_err(|e| StoreError::Connect(e.to_string()))?;
+    client.simple_query("SELECT 1").await?;
+    Ok(pool)
+}
+
+/// Builds a pool without connecting: connections are made on first use.
+pub fn build_pool(config: &DatabaseConfig) -> Result<Pool, StoreError> {
+    let pg: tokio_postgres::Config = config
+        .url
+        .parse()
+        .map_err(|e| StoreError::Connect(format!("database.url does not parse: {e}")))?;
+    let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let timeout = Some(Duration::from_millis(config.acquire_timeout_ms));
+    Pool::builder(manager)
+        .max_size(config.max_connections)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(timeout)
+        .create_timeout(timeout)
+        .recycle_timeout(timeout)
+        .build()
+        .map_err(|e| StoreError::Pool(e.to_string()))
+}

@@ -1,0 +1,177 @@
+//! The `railhook` binary: parses flags, loads configuration, and wires the components.
+//! Nothing here is business logic; each component lives in its own crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use railhook_config::{Config, FileSource, Overrides};
+
+mod commands;
+
+/// Railhook: a self-hosted webhook gateway. Events POSTed to the API are written to Postgres
+/// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
+/// signed and retried, by the worker.
+#[derive(Debug, Parser)]
+#[command(name = "railhook", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// Configuration file (TOML). Default: ./railhook.toml if it exists.
+    #[arg(long, global = true, env = "RAILHOOK_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Postgres URL; overrides database.url.
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
+    /// Kafka bootstrap servers; overrides kafka.brokers.
+    #[arg(long, global = true, value_name = "HOST:PORT,...")]
+    kafka_brokers: Option<String>,
+    /// Log format: human or json; overrides telemetry.log_format.
+    #[arg(long, global = true, value_name = "FORMAT")]
+    log_format: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP API (ingest, management, /metrics, /healthz, /readyz).
+    Api {
+        /// Listen address; overrides api.listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
+    /// Run the CDC relay (outbox from the WAL to Kafka). Not built yet.
+    Relay {
+        /// cdc (replication slot) or poll (the 1 s polling baseline).
+        #[arg(long, value_name = "MODE")]
+        mode: Option<String>,
+    },
+    /// Run the delivery worker (Kafka consumer, Attempt Runner, retries, sweeps). Not built yet.
+    Worker,
+    /// Run every built component in one process (today: the API).
+    All {
+        /// API listen address; overrides api.listen.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
+    /// Apply the SQL migrations in migrations/ that the database has not seen, in order.
+    Migrate,
+    /// Inspect the logical replication slot. Not built yet.
+    Slot {
+        #[command(subcommand)]
+        command: SlotCommand,
+    },
+    /// Operator commands (organizations, projects, API keys). Not built yet.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+    /// Inspect the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SlotCommand {
+    /// Print lag, retained WAL and state of the relay's slot. Not built yet.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Create an organization. Not built yet.
+    CreateOrg {
+        #[arg(long)]
+        name: String,
+    },
+    /// Create a project and its first API key. Not built yet.
+    CreateProject {
+        #[arg(long)]
+        org: String,
+        #[arg(long)]
+        name: String,
+    },
+    /// Create another API key for a project. Not built yet.
+    CreateApiKey {
+        #[arg(long)]
+        project: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate the configuration and print the effective values, secrets redacted.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match try_main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut overrides = Overrides::default();
+    if let Some(url) = &cli.global.database_url {
+        overrides.set("database.url", url);
+    }
+    if let Some(brokers) = &cli.global.kafka_brokers {
+        overrides.set("kafka.brokers", brokers);
+    }
+    if let Some(format) = &cli.global.log_format {
+        overrides.set("telemetry.log_format", format);
+    }
+    match &cli.command {
+        Command::Api { listen: Some(l) } | Command::All { listen: Some(l) } => overrides.set("api.listen", l),
+        Command::Relay { mode: Some(m) } => overrides.set("relay.mode", m),
+        _ => {}
+    }
+    let file = match &cli.global.config {
+        Some(p) => FileSource::Explicit(p.clone()),
+        None => FileSource::Default,
+    };
+    let config = Config::load(file, &overrides)?;
+    railhook_telemetry::init_tracing(&config.telemetry);
+
+    if let Command::Config { command: ConfigCommand::Check } = &cli.command {
+        print!("{}", config.redacted_toml());
+        eprintln!("configuration is valid");
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let not_built = |what: &str, issue: &str| -> anyhow::Result<ExitCode> {
+        eprintln!("railhook {what} is not built yet ({issue}); nothing was started.");
+        Ok(ExitCode::from(2))
+    };
+    match cli.command {
+        Command::Relay { .. } => return not_built("relay", "the CDC relay issue"),
+        Command::Worker => return not_built("worker", "the delivery worker issue"),
+        Command::Slot { command: SlotCommand::Status } => return not_built("slot status", "the CDC relay issue"),
+        Command::Admin { .. } => return not_built("admin", "the ingest and management API issue"),
+        _ => {}
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Migrate => commands::migrate(&config).await,
+            Command::Api { .. } => commands::api(config).await,
+            Command::All { .. } => commands::all(config).await,
+            _ => unreachable!("handled above"),
+        }
+    })
+}

@@ -1,0 +1,52 @@
+# Shared by the scripts in scripts/: paths, ports and package installation.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.local"
+PG_PORT="${RAILHOOK_PG_PORT:-54329}"
+KAFKA_PORT="${RAILHOOK_KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${RAILHOOK_KAFKA_CONTROLLER_PORT:-19093}"
+PG_DIR="$STATE/pg"
+PG_DATA="$PG_DIR/data"
+PG_LOG="$PG_DIR/postgres.log"
+KAFKA_DIR="$STATE/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_LOG="$KAFKA_DIR/kafka.log"
+KAFKA_PID="$KAFKA_DIR/kafka.pid"
+
+export RAILHOOK_DATABASE_URL="${RAILHOOK_DATABASE_URL:-postgres://railhook@127.0.0.1:$PG_PORT/railhook}"
+export RAILHOOK_KAFKA_BROKERS="${RAILHOOK_KAFKA_BROKERS:-127.0.0.1:$KAFKA_PORT}"
+
+log() { printf '\033[1m[%s]\033[0m %s\n' "$(basename "$0")" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# apt-get install for whatever of the named packages is missing; `apt-get update` only once.
+APT_UPDATED=0
+ensure_apt() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  if [ "$APT_UPDATED" -eq 0 ]; then
+    log "apt-get update"
+    $sudo apt-get update -qq >/dev/null
+    APT_UPDATED=1
+  fi
+  log "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+ensure_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo is not installed: install Rust with rustup (https://rustup.rs) and rerun"
+}
+
+# The `cargo` target directory, shared by every checkout of this machine when
+# CARGO_TARGET_DIR is set; ./target otherwise.
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

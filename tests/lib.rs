@@ -1,0 +1,1 @@
+//! Nothing here: the tests in this package check repository files.
