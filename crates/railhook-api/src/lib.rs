@@ -3,11 +3,22 @@
 
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{delete, post};
 use axum::Router;
 use railhook_config::Config;
 use railhook_store::Pool;
 use railhook_telemetry::{Metrics, Ops, ReadyCheck};
 use tokio_util::sync::CancellationToken;
+
+pub mod admin;
+pub mod api_keys;
+pub mod error;
+pub mod extract;
+pub mod pagination;
+
+use error::ApiError;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -29,10 +40,26 @@ fn postgres_check(pool: Pool) -> ReadyCheck {
     })
 }
 
+/// The `/v1` routes.
+fn v1(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/admin/organizations", post(admin::create_organization))
+        .route("/v1/admin/organizations/{org_id}/projects", post(admin::create_project))
+        .route("/v1/api-keys", post(api_keys::create).get(api_keys::list))
+        .route("/v1/api-keys/{id}", delete(api_keys::revoke))
+        .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
+        .with_state(state)
+}
+
 /// The whole router. Tests call it directly.
 pub fn app(state: AppState) -> Router {
     let ops = Ops::new(state.metrics.clone(), vec![("postgres", postgres_check(state.pool.clone()))]);
-    railhook_telemetry::ops_router(ops)
+    v1(state)
+        .merge(railhook_telemetry::ops_router(ops))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not accept that method")
+        })
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled.

@@ -4,6 +4,7 @@ pub mod error;
 pub mod migrate;
 pub mod pool;
 pub mod server;
+pub mod tenancy;
 
 pub use error::StoreError;
 pub use migrate::{Migration, MigrationReport, Migrator};

@@ -9,6 +9,7 @@ use tokio_postgres::NoTls;
 use crate::StoreError;
 
 pub type Pool = deadpool_postgres::Pool;
+pub use deadpool_postgres::PoolError;
 
 /// Builds a pool for `config.url` and checks that one connection can be made.
 pub async fn connect_pool(config: &DatabaseConfig) -> Result<Pool, StoreError> {

@@ -1,0 +1,63 @@
+//! Operator routes: organizations and projects (`Authorization: Bearer $RAILHOOK_ADMIN_TOKEN`).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use railhook_core::OrganizationId;
+use railhook_store::tenancy::{self, NewApiKey, Organization, Project};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, ApiJson, Operator};
+use crate::AppState;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateNamed {
+    pub name: String,
+}
+
+pub fn check_name(name: &str) -> Result<&str, ApiError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 200 {
+        return Err(ApiError::invalid("name", "name must be 1 to 200 characters"));
+    }
+    Ok(name)
+}
+
+pub async fn create_organization(
+    _: Operator,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateNamed>,
+) -> ApiResult<(StatusCode, Json<Organization>)> {
+    let name = check_name(&body.name)?;
+    let client = state.pool.get().await?;
+    let org = tenancy::create_organization(&**client, name).await?;
+    Ok((StatusCode::CREATED, Json(org)))
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProjectCreated {
+    #[serde(flatten)]
+    pub project: Project,
+    /// The project's first API key. Its secret is shown only in this response.
+    pub api_key: NewApiKey,
+}
+
+pub async fn create_project(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(org_id): Path<String>,
+    ApiJson(body): ApiJson<CreateNamed>,
+) -> ApiResult<(StatusCode, Json<ProjectCreated>)> {
+    let org: OrganizationId = parse_id("org_id", &org_id)?;
+    let name = check_name(&body.name)?;
+    let mut client = state.pool.get().await?;
+    let tx = client.transaction().await?;
+    let project = tenancy::create_project(&*tx, org, name).await?.ok_or_else(|| ApiError::not_found("organization"))?;
+    let api_key = tenancy::create_api_key(&*tx, project.id, "default")
+        .await?
+        .ok_or_else(ApiError::internal)?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(ProjectCreated { project, api_key })))
+}

@@ -1,0 +1,55 @@
+//! `/v1/api-keys`: a project's keys. Secrets are shown once, at creation.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use railhook_core::ApiKeyId;
+use railhook_store::tenancy::{self, ApiKey, NewApiKey};
+use serde::Deserialize;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, ApiJson, Project};
+use crate::pagination::List;
+use crate::AppState;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKey {
+    #[serde(default)]
+    pub name: String,
+}
+
+pub async fn create(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<CreateApiKey>,
+) -> ApiResult<(StatusCode, Json<NewApiKey>)> {
+    if body.name.chars().count() > 200 {
+        return Err(ApiError::invalid("name", "name must be at most 200 characters"));
+    }
+    let client = state.pool.get().await?;
+    let key = tenancy::create_api_key(&**client, principal.project_id, body.name.trim())
+        .await?
+        .ok_or_else(|| ApiError::not_found("project"))?;
+    Ok((StatusCode::CREATED, Json(key)))
+}
+
+pub async fn list(Project(principal): Project, State(state): State<AppState>) -> ApiResult<Json<List<ApiKey>>> {
+    let client = state.pool.get().await?;
+    let keys = tenancy::list_api_keys(&**client, principal.project_id).await?;
+    Ok(Json(List { data: keys, next_cursor: None }))
+}
+
+pub async fn revoke(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    let id: ApiKeyId = parse_id("id", &id)?;
+    let client = state.pool.get().await?;
+    if tenancy::revoke_api_key(&**client, principal.project_id, id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found("api key"))
+    }
+}
