@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::routing::{delete, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use railhook_config::Config;
 use railhook_store::Pool;
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub mod admin;
 pub mod api_keys;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod pagination;
 
@@ -47,6 +48,8 @@ fn v1(state: AppState) -> Router {
         .route("/v1/admin/organizations/{org_id}/projects", post(admin::create_project))
         .route("/v1/api-keys", post(api_keys::create).get(api_keys::list))
         .route("/v1/api-keys/{id}", delete(api_keys::revoke))
+        .route("/v1/events", post(events::create).get(events::list))
+        .route("/v1/events/{id}", get(events::get))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .with_state(state)
 }

@@ -3,6 +3,7 @@
 
 pub mod id;
 pub mod lsn;
+pub mod pattern;
 pub mod status;
 
 pub use id::{

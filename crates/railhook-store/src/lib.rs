@@ -1,6 +1,7 @@
 //! Railhook's Postgres access. SQL lives next to the code that runs it.
 
 pub mod error;
+pub mod events;
 pub mod migrate;
 pub mod pool;
 pub mod server;

@@ -1,0 +1,141 @@
+//! `/v1/events`: ingest (with `Idempotency-Key`) and reading.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use railhook_core::pattern::{candidate_patterns, EventType};
+use railhook_core::EventId;
+use railhook_store::events::{self, EventFilter, IngestOutcome, NewEvent};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, ApiJson, Project};
+use crate::pagination::{page, PageParams};
+use crate::AppState;
+
+pub const IDEMPOTENCY_KEY_MAX: usize = 255;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEvent {
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub payload: serde_json::Value,
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} visible ASCII characters"),
+        )
+        .with_field("idempotency-key")
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    if text.is_empty() || text.len() > IDEMPOTENCY_KEY_MAX || !text.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad());
+    }
+    Ok(Some(text))
+}
+
+/// SHA-256 over the type and the payload's canonical JSON (serde_json sorts object keys), so
+/// a replay with reordered keys or other whitespace is still the same request.
+fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
+    let mut h = Sha256::new();
+    h.update(event_type.as_bytes());
+    h.update([0u8]);
+    h.update(serde_json::to_vec(payload).unwrap_or_default());
+    h.finalize().to_vec()
+}
+
+pub async fn create(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<CreateEvent>,
+) -> ApiResult<Response> {
+    let key = idempotency_key(&headers)?;
+    let event_type = EventType::parse(&body.event_type)
+        .map_err(|e| ApiError::invalid("type", e.to_string()))?;
+    if !body.payload.is_object() {
+        return Err(ApiError::invalid("payload", "payload must be a JSON object"));
+    }
+    let new = NewEvent {
+        project: principal.project_id,
+        event_type: &body.event_type,
+        payload: &body.payload,
+        idempotency_key: key,
+        request_sha256: request_hash(&body.event_type, &body.payload),
+        candidate_patterns: candidate_patterns(&event_type),
+    };
+    let client = state.pool.get().await?;
+    match events::ingest(&client, new).await? {
+        IngestOutcome::Created(event) => Ok((StatusCode::CREATED, Json(event)).into_response()),
+        IngestOutcome::Replayed(event) => {
+            let mut resp = (StatusCode::OK, Json(event)).into_response();
+            resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(resp)
+        }
+        IngestOutcome::KeyReused => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different type or payload",
+        )
+        .with_field("idempotency-key")),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(rename = "type")]
+    pub event_type: Option<String>,
+    pub from: Option<String>,
+    pub to: Option<String>,
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+fn time_param(field: &'static str, raw: &Option<String>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    raw.as_deref()
+        .map(|s| {
+            DateTime::parse_from_rfc3339(s).map(|t| t.with_timezone(&Utc)).map_err(|_| {
+                ApiError::bad_request("invalid_query", format!("{field} must be an RFC 3339 time such as 2026-01-31T12:00:00Z")).with_field(field)
+            })
+        })
+        .transpose()
+}
+
+pub async fn list(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let paging = PageParams { limit: q.limit.clone(), cursor: q.cursor.clone() };
+    let limit = paging.limit()?;
+    if let Some(t) = &q.event_type {
+        EventType::parse(t).map_err(|e| ApiError::bad_request("invalid_query", e.to_string()).with_field("type"))?;
+    }
+    let filter = EventFilter {
+        event_type: q.event_type.clone(),
+        from: time_param("from", &q.from)?,
+        to: time_param("to", &q.to)?,
+        after: paging.cursor::<EventId>()?,
+        limit: limit + 1,
+    };
+    let client = state.pool.get().await?;
+    let rows = events::list_events(&client, principal.project_id, &filter).await?;
+    Ok(Json(page(rows, limit, |e| e.id.to_string())).into_response())
+}
+
+pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
+    let id: EventId = parse_id("id", &id)?;
+    let client = state.pool.get().await?;
+    let event = events::get_event(&client, principal.project_id, id).await?.ok_or_else(|| ApiError::not_found("event"))?;
+    Ok(Json(event).into_response())
+}

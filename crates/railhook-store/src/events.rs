@@ -1,0 +1,247 @@
+//! Ingest and reading of Events.
+//!
+//! Ingest is one SQL statement, hence one round trip and one commit whatever the number of
+//! matching Subscriptions: it inserts the Event, finds the matching enabled Subscriptions by
+//! index (`event_type_pattern = ANY(candidates)`, the few patterns that can match the type),
+//! hands out ordering sequence numbers, inserts one Delivery per (endpoint, subscription) and
+//! one Outbox row per Delivery. A failure anywhere leaves none of it.
+//!
+//! Duplicate window 1 (a client retrying its POST) is closed by the unique index on
+//! `(project_id, idempotency_key)`: the insert uses `ON CONFLICT DO NOTHING`, which waits for
+//! a concurrent inserter of the same key to commit; the loser then reads the winner's Event.
+
+use chrono::{DateTime, Utc};
+use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, EventId, ProjectId, SubscriptionId};
+use serde::Serialize;
+use tokio_postgres::types::Json;
+use deadpool_postgres::GenericClient;
+
+use crate::StoreError;
+
+/// The outgoing ladder of DESIGN.md 6.3, used when a Subscription has no `retry_delays`.
+pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400];
+
+const INGEST_SQL: &str = "
+WITH ev AS (
+    INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256)
+    VALUES ($1, $2, $3, $4, $5, $6)
+    ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, created_at
+),
+subs AS (
+    SELECT s.id, s.endpoint_id, s.ordering, s.max_attempts, s.timeout_seconds,
+           COALESCE(s.retry_delays, $8::int[]) AS retry_delays,
+           row_number() OVER (PARTITION BY s.endpoint_id, s.ordering ORDER BY s.id) AS nth
+    FROM subscriptions s
+    JOIN endpoints e ON e.id = s.endpoint_id AND e.enabled
+    WHERE s.project_id = $2 AND s.enabled AND s.event_type_pattern = ANY($7)
+      AND EXISTS (SELECT 1 FROM ev)
+),
+seq AS (
+    -- The row lock serialises ordered ingests per endpoint, so numbers follow commit order;
+    -- a rollback undoes the increment, so none is burned.
+    UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
+    FROM (SELECT endpoint_id, count(*) AS n FROM subs WHERE ordering GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id
+    RETURNING e.id, e.last_sequence - c.n AS base
+),
+dl AS (
+    INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
+                            max_attempts, retry_delays, timeout_seconds, sequence_number)
+    SELECT railhook_uuid_v7(), $2, $1, subs.endpoint_id, subs.id,
+           subs.max_attempts, subs.retry_delays, subs.timeout_seconds,
+           CASE WHEN subs.ordering THEN seq.base + subs.nth END
+    FROM subs LEFT JOIN seq ON seq.id = subs.endpoint_id AND subs.ordering
+    RETURNING id, endpoint_id, subscription_id, sequence_number
+),
+ob AS (
+    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+    SELECT $2, dl.id, dl.endpoint_id, 'created' FROM dl
+)
+SELECT ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
+FROM ev LEFT JOIN dl ON true
+ORDER BY dl.id";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeliverySummary {
+    pub id: DeliveryId,
+    pub endpoint_id: EndpointId,
+    pub subscription_id: Option<SubscriptionId>,
+    pub status: DeliveryStatus,
+    pub attempt_count: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sequence_number: Option<i64>,
+    pub next_retry_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub id: EventId,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries: Option<Vec<DeliverySummary>>,
+}
+
+pub struct NewEvent<'a> {
+    pub project: ProjectId,
+    pub event_type: &'a str,
+    pub payload: &'a serde_json::Value,
+    pub idempotency_key: Option<&'a str>,
+    /// SHA-256 of type and payload, to tell a replay from a reuse of the key.
+    pub request_sha256: Vec<u8>,
+    /// The patterns that can match `event_type` (from `railhook_core::pattern`).
+    pub candidate_patterns: Vec<String>,
+}
+
+pub enum IngestOutcome {
+    Created(Event),
+    /// The key was used before with the same request: the Event it created.
+    Replayed(Event),
+    /// The key was used before with a different type or payload.
+    KeyReused,
+}
+
+/// `db` is a pooled client or transaction: the statement is prepared once per connection.
+pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Result<IngestOutcome, StoreError> {
+    let id = EventId::new();
+    let delays: Vec<i32> = DEFAULT_OUTGOING_DELAYS.to_vec();
+    let statement = db.prepare_cached(INGEST_SQL).await?;
+    let rows = db
+        .query(
+            &statement,
+            &[&id.0, &new.project.0, &new.event_type, &Json(new.payload), &new.idempotency_key, &new.request_sha256, &new.candidate_patterns, &delays],
+        )
+        .await?;
+    if let Some(first) = rows.first() {
+        let now = first.get::<_, DateTime<Utc>>(0);
+        let deliveries = rows
+            .iter()
+            .filter_map(|r| {
+                let id: Option<uuid::Uuid> = r.get(1);
+                id.map(|id| DeliverySummary {
+                    id: DeliveryId(id),
+                    endpoint_id: EndpointId(r.get(2)),
+                    subscription_id: r.get::<_, Option<uuid::Uuid>>(3).map(SubscriptionId),
+                    status: DeliveryStatus::Pending,
+                    attempt_count: 0,
+                    sequence_number: r.get(4),
+                    next_retry_at: None,
+                    created_at: now,
+                })
+            })
+            .collect();
+        return Ok(IngestOutcome::Created(Event {
+            id,
+            event_type: new.event_type.to_string(),
+            payload: None,
+            created_at: now,
+            deliveries: Some(deliveries),
+        }));
+    }
+    // No row: the idempotency key exists (the insert waited for its writer to commit).
+    let key = new.idempotency_key.unwrap_or_default();
+    let row = db
+        .query_opt(
+            "SELECT id, event_type, created_at, request_sha256 FROM events WHERE project_id = $1 AND idempotency_key = $2",
+            &[&new.project.0, &key],
+        )
+        .await?
+        .ok_or_else(|| StoreError::Misconfigured("ingest inserted nothing and found no event for its key".into()))?;
+    let hash: Option<Vec<u8>> = row.get(3);
+    if hash.as_deref() != Some(new.request_sha256.as_slice()) {
+        return Ok(IngestOutcome::KeyReused);
+    }
+    let event_id = EventId(row.get(0));
+    let deliveries = deliveries_of(db, new.project, event_id).await?;
+    Ok(IngestOutcome::Replayed(Event {
+        id: event_id,
+        event_type: row.get(1),
+        payload: None,
+        created_at: row.get(2),
+        deliveries: Some(deliveries),
+    }))
+}
+
+pub async fn deliveries_of<C: GenericClient + Sync>(db: &C, project: ProjectId, event: EventId) -> Result<Vec<DeliverySummary>, StoreError> {
+    let rows = db
+        .query(
+            "SELECT id, endpoint_id, subscription_id, status::text, attempt_count, sequence_number, next_retry_at, created_at
+             FROM deliveries WHERE event_id = $1 AND project_id = $2 ORDER BY id",
+            &[&event.0, &project.0],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let status: String = r.get(3);
+            Ok(DeliverySummary {
+                id: DeliveryId(r.get(0)),
+                endpoint_id: EndpointId(r.get(1)),
+                subscription_id: r.get::<_, Option<uuid::Uuid>>(2).map(SubscriptionId),
+                status: status.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
+                attempt_count: r.get(4),
+                sequence_number: r.get(5),
+                next_retry_at: r.get(6),
+                created_at: r.get(7),
+            })
+        })
+        .collect()
+}
+
+pub async fn get_event<C: GenericClient + Sync>(db: &C, project: ProjectId, id: EventId) -> Result<Option<Event>, StoreError> {
+    let Some(row) = db
+        .query_opt(
+            "SELECT event_type, payload, created_at FROM events WHERE id = $1 AND project_id = $2",
+            &[&id.0, &project.0],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let deliveries = deliveries_of(db, project, id).await?;
+    Ok(Some(Event {
+        id,
+        event_type: row.get(0),
+        payload: Some(row.get::<_, Json<serde_json::Value>>(1).0),
+        created_at: row.get(2),
+        deliveries: Some(deliveries),
+    }))
+}
+
+pub struct EventFilter {
+    pub event_type: Option<String>,
+    pub from: Option<DateTime<Utc>>,
+    pub to: Option<DateTime<Utc>>,
+    pub after: Option<EventId>,
+    pub limit: i64,
+}
+
+/// Events in id (= creation time) order, after the cursor; `limit` rows at most.
+pub async fn list_events<C: GenericClient + Sync>(db: &C, project: ProjectId, f: &EventFilter) -> Result<Vec<Event>, StoreError> {
+    let rows = db
+        .query(
+            "SELECT id, event_type, payload, created_at FROM events
+             WHERE project_id = $1
+               AND ($2::text IS NULL OR event_type = $2)
+               AND ($3::timestamptz IS NULL OR created_at >= $3)
+               AND ($4::timestamptz IS NULL OR created_at < $4)
+               AND ($5::uuid IS NULL OR id > $5)
+             ORDER BY id LIMIT $6",
+            &[&project.0, &f.event_type, &f.from, &f.to, &f.after.map(|a| a.0), &f.limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Event {
+            id: EventId(r.get(0)),
+            event_type: r.get(1),
+            payload: Some(r.get::<_, Json<serde_json::Value>>(2).0),
+            created_at: r.get(3),
+            deliveries: None,
+        })
+        .collect())
+}
