@@ -66,7 +66,7 @@ enum Command {
         #[command(subcommand)]
         command: SlotCommand,
     },
-    /// Operator commands (organizations, projects, API keys). Not built yet.
+    /// Operator commands: create organizations, projects and API keys (prints JSON; secrets shown once).
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
@@ -86,19 +86,19 @@ enum SlotCommand {
 
 #[derive(Debug, Subcommand)]
 enum AdminCommand {
-    /// Create an organization. Not built yet.
+    /// Create an organization.
     CreateOrg {
         #[arg(long)]
         name: String,
     },
-    /// Create a project and its first API key. Not built yet.
+    /// Create a project in an organization, with its first API key.
     CreateProject {
         #[arg(long)]
         org: String,
         #[arg(long)]
         name: String,
     },
-    /// Create another API key for a project. Not built yet.
+    /// Create another API key for a project.
     CreateApiKey {
         #[arg(long)]
         project: String,
@@ -161,7 +161,6 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Relay { .. } => return not_built("relay", "the CDC relay issue"),
         Command::Worker => return not_built("worker", "the delivery worker issue"),
         Command::Slot { command: SlotCommand::Status } => return not_built("slot status", "the CDC relay issue"),
-        Command::Admin { .. } => return not_built("admin", "the ingest and management API issue"),
         _ => {}
     }
 
@@ -171,6 +170,11 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Migrate => commands::migrate(&config).await,
             Command::Api { .. } => commands::api(config).await,
             Command::All { .. } => commands::all(config).await,
+            Command::Admin { command } => match command {
+                AdminCommand::CreateOrg { name } => commands::admin_create_org(&config, &name).await,
+                AdminCommand::CreateProject { org, name } => commands::admin_create_project(&config, &org, &name).await,
+                AdminCommand::CreateApiKey { project, name } => commands::admin_create_api_key(&config, &project, &name).await,
+            },
             _ => unreachable!("handled above"),
         }
     })

@@ -88,3 +88,34 @@ fn every_subcommand_has_help() {
         assert!(text(&out.stdout).contains("Usage"), "{args:?}");
     }
 }
+
+#[tokio::test]
+async fn admin_commands_create_org_project_and_keys() {
+    let db = TestDb::new().await;
+    let env = [("RAILHOOK_DATABASE__URL", db.url.as_str())];
+    let out = railhook(&["admin", "create-org", "--name", "acme"], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let org: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let org_id = org["id"].as_str().unwrap();
+    assert!(org_id.starts_with("org_"));
+
+    let out = railhook(&["admin", "create-project", "--org", org_id, "--name", "shop"], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let project: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let project_id = project["id"].as_str().unwrap();
+    assert!(project["api_key"]["secret"].as_str().unwrap().starts_with("rhk_"));
+
+    let out = railhook(&["admin", "create-api-key", "--project", project_id, "--name", "ci"], &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let key: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(key["name"], "ci");
+    let client = db.client().await;
+    let n: i64 = client.query_one("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL", &[]).await.unwrap().get(0);
+    assert_eq!(n, 2);
+
+    let out = railhook(&["admin", "create-project", "--org", "org_00000000000000000000000000", "--name", "x"], &env);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("does not exist"), "{}", text(&out.stderr));
+    let out = railhook(&["admin", "create-project", "--org", "ep_nope", "--name", "x"], &env);
+    assert!(!out.status.success());
+}
