@@ -51,8 +51,24 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 fn json_error(inner: serde_json::Error, path: String) -> ApiError {
     match inner.classify() {
         serde_json::error::Category::Data => {
-            let field = if path.is_empty() || path == "." { "body".to_string() } else { path };
-            ApiError::invalid(field, inner.to_string())
+            let at_top = path.is_empty() || path == ".";
+            let message = inner.to_string();
+            // serde reports a missing or unknown field at its parent: name the field itself.
+            let named = ["missing field `", "unknown field `"]
+                .iter()
+                .find_map(|p| message.strip_prefix(p))
+                .and_then(|rest| rest.split('`').next())
+                .map(|name| {
+                    if at_top || path == name {
+                        name.to_string()
+                    } else if path.ends_with(&format!(".{name}")) {
+                        path.clone()
+                    } else {
+                        format!("{path}.{name}")
+                    }
+                });
+            let field = named.unwrap_or_else(|| if at_top { "body".to_string() } else { path });
+            ApiError::invalid(field, message)
         }
         _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {inner}"))
             .with_field("body"),
