@@ -11,7 +11,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Operator};
 use crate::AppState;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateNamed {
     pub name: String,
@@ -25,6 +25,10 @@ pub fn check_name(name: &str) -> Result<&str, ApiError> {
     Ok(name)
 }
 
+/// Create an organization.
+#[utoipa::path(post, path = "/v1/admin/organizations", tag = "admin", request_body = CreateNamed,
+    security(("admin_token" = [])),
+    responses((status = 201, body = Organization), (status = 403, description = "Admin routes disabled", body = crate::openapi::ErrorBody), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn create_organization(
     _: Operator,
     State(state): State<AppState>,
@@ -36,7 +40,7 @@ pub async fn create_organization(
     Ok((StatusCode::CREATED, Json(org)))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ProjectCreated {
     #[serde(flatten)]
     pub project: Project,
@@ -44,6 +48,11 @@ pub struct ProjectCreated {
     pub api_key: NewApiKey,
 }
 
+/// Create a project and its first API key (its secret is shown only in this response).
+#[utoipa::path(post, path = "/v1/admin/organizations/{org_id}/projects", tag = "admin", request_body = CreateNamed,
+    params(("org_id" = String, Path, description = "Organization id (org_...)")),
+    security(("admin_token" = [])),
+    responses((status = 201, body = ProjectCreated), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn create_project(
     _: Operator,
     State(state): State<AppState>,

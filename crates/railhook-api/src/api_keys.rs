@@ -12,13 +12,17 @@ use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::List;
 use crate::AppState;
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateApiKey {
     #[serde(default)]
     pub name: String,
 }
 
+/// Create an API key for the caller's project; the secret is shown only in this response.
+#[utoipa::path(post, path = "/v1/api-keys", tag = "api-keys", request_body = CreateApiKey,
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 201, body = NewApiKey), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -34,12 +38,21 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(key)))
 }
 
+/// List the project's API keys, without their secrets.
+#[utoipa::path(get, path = "/v1/api-keys", tag = "api-keys",
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = crate::pagination::List<ApiKey>), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn list(Project(principal): Project, State(state): State<AppState>) -> ApiResult<Json<List<ApiKey>>> {
     let client = state.pool.get().await?;
     let keys = tenancy::list_api_keys(&**client, principal.project_id).await?;
     Ok(Json(List { data: keys, next_cursor: None }))
 }
 
+/// Revoke an API key; it stops working at once.
+#[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "api-keys",
+    params(("id" = String, Path, description = "API key id (key_...)")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 204, description = "Revoked"), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn revoke(
     Project(principal): Project,
     State(state): State<AppState>,

@@ -18,11 +18,12 @@ use crate::AppState;
 
 pub const IDEMPOTENCY_KEY_MAX: usize = 255;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEvent {
     #[serde(rename = "type")]
     pub event_type: String,
+    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
 }
 
@@ -52,6 +53,16 @@ fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
     h.finalize().to_vec()
 }
 
+/// Ingest an Event: one transaction writes the Event, a Delivery per matching enabled
+/// Subscription and an Outbox row per Delivery.
+#[utoipa::path(post, path = "/v1/events", tag = "events", request_body = CreateEvent,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Unique per project; a retry returns the same Event")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses(
+        (status = 201, description = "Created", body = railhook_store::events::Event),
+        (status = 200, description = "Replayed: the Event this Idempotency-Key created (header Idempotent-Replayed: true)", body = railhook_store::events::Event),
+        (status = 409, description = "Idempotency-Key used with another type or payload", body = crate::openapi::ErrorBody),
+        (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -110,6 +121,13 @@ fn time_param(field: &'static str, raw: &Option<String>) -> Result<Option<DateTi
         .transpose()
 }
 
+/// List Events, oldest first, filtered by type and time range.
+#[utoipa::path(get, path = "/v1/events", tag = "events",
+    params(("type" = Option<String>, Query), ("from" = Option<String>, Query, description = "RFC 3339, inclusive"),
+           ("to" = Option<String>, Query, description = "RFC 3339, exclusive"), ("limit" = Option<i64>, Query, description = "1-200, default 50"),
+           ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -133,6 +151,11 @@ pub async fn list(
     Ok(Json(page(rows, limit, |e| e.id.to_string())).into_response())
 }
 
+/// An Event with its Deliveries and their statuses.
+#[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
+    params(("id" = String, Path, description = "Event id (evt_...)")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = railhook_store::events::Event), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id: EventId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

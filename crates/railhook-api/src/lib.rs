@@ -17,6 +17,7 @@ pub mod api_keys;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod openapi;
 pub mod pagination;
 
 use error::ApiError;
@@ -50,6 +51,7 @@ fn v1(state: AppState) -> Router {
         .route("/v1/api-keys/{id}", delete(api_keys::revoke))
         .route("/v1/events", post(events::create).get(events::list))
         .route("/v1/events/{id}", get(events::get))
+        .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .with_state(state)
 }

@@ -8,7 +8,7 @@ use crate::error::ApiError;
 pub const DEFAULT_LIMIT: i64 = 50;
 pub const MAX_LIMIT: i64 = 200;
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct List<T> {
     pub data: Vec<T>,
     pub next_cursor: Option<String>,

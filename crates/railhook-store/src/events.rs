@@ -62,11 +62,16 @@ SELECT ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_num
 FROM ev LEFT JOIN dl ON true
 ORDER BY dl.id";
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct DeliverySummary {
+    #[schema(value_type = String)]
     pub id: DeliveryId,
+    #[schema(value_type = String)]
     pub endpoint_id: EndpointId,
+    #[schema(value_type = Option<String>)]
     pub subscription_id: Option<SubscriptionId>,
+    /// PENDING, PROCESSING, SUCCESS or FAILED.
+    #[schema(value_type = String)]
     pub status: DeliveryStatus,
     pub attempt_count: i32,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -75,12 +80,14 @@ pub struct DeliverySummary {
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Event {
+    #[schema(value_type = String)]
     pub id: EventId,
     #[serde(rename = "type")]
     pub event_type: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub payload: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]

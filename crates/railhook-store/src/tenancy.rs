@@ -16,25 +16,30 @@ use crate::StoreError;
 
 pub const API_KEY_PREFIX: &str = "rhk_";
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Organization {
+    #[schema(value_type = String)]
     pub id: OrganizationId,
     pub name: String,
     pub created_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Project {
+    #[schema(value_type = String)]
     pub id: ProjectId,
+    #[schema(value_type = String)]
     pub organization_id: OrganizationId,
     pub name: String,
     pub created_at: DateTime<Utc>,
 }
 
 /// An API key as listed: never its secret.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ApiKey {
+    #[schema(value_type = String)]
     pub id: ApiKeyId,
+    #[schema(value_type = String)]
     pub project_id: ProjectId,
     pub name: String,
     /// The first characters of the key, to recognise it in a list.
@@ -44,7 +49,7 @@ pub struct ApiKey {
 }
 
 /// A key just created: the only time its secret exists outside the client.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct NewApiKey {
     #[serde(flatten)]
     pub key: ApiKey,

@@ -1,0 +1,62 @@
+//! The OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]` annotations and
+//! the request and response types, served at `GET /openapi.json`.
+
+use axum::Json;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// Every error body: `{"error": {"code", "message", "field"}}`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorDetail {
+    /// Machine-readable, e.g. `invalid_field`, `not_found`, `idempotency_key_reused`.
+    code: String,
+    message: String,
+    /// The field, header or parameter at fault, when there is one.
+    field: Option<String>,
+}
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("Project API key (`rhk_...`); `X-API-Key` works too")).build()),
+        );
+        components.add_security_scheme("api_key_header", SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))));
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("Operator token, RAILHOOK_ADMIN_TOKEN")).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Railhook API", description = "Self-hosted webhook gateway: ingest events, manage endpoints and subscriptions."),
+    paths(
+        crate::admin::create_organization,
+        crate::admin::create_project,
+        crate::api_keys::create,
+        crate::api_keys::list,
+        crate::api_keys::revoke,
+        crate::events::create,
+        crate::events::list,
+        crate::events::get,
+    ),
+    components(schemas(ErrorBody, ErrorDetail)),
+    modifiers(&Security)
+)]
+pub struct ApiDoc;
+
+pub async fn serve() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
