@@ -4,3 +4,4 @@
 
 pub mod outbox;
 pub mod pgoutput;
+pub mod progress;
