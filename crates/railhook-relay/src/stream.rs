@@ -1,0 +1,203 @@
+//! The CDC loop: replication stream in, Kafka out, progress back to Postgres.
+//!
+//! Contract: at-least-once. Every committed outbox insert is produced to Kafka before the slot
+//! is allowed past its commit ([`crate::progress`]), so a crash at any point replays from the
+//! slot and duplicates are absorbed downstream by the Claim (duplicate window 4).
+//!
+//! Backpressure: at most `MAX_IN_FLIGHT` messages await Kafka's acknowledgement; at the
+//! bound the loop stops reading the replication stream (whose own buffer is bounded too), so
+//! a stalled cluster turns into replication lag, not memory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use pgwire_replication::client::ReplicationEvent;
+use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
+use railhook_config::Config;
+use railhook_core::{DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::{OutboxRow, Relations};
+use crate::pgoutput::{self, Message};
+use crate::progress::{Progress, Ticket};
+use crate::RelayError;
+
+/// Messages produced but not yet acknowledged, at most.
+pub const MAX_IN_FLIGHT: usize = 10_000;
+/// Version of the message value's layout.
+pub const VALUE_VERSION: u32 = 1;
+
+/// The replication connection's settings, from `database.url` (TLS when `sslmode=require`,
+/// SCRAM when the server asks for it).
+pub fn replication_config(config: &Config, start: Lsn) -> Result<ReplicationConfig, RelayError> {
+    let pg: tokio_postgres::Config = config
+        .database
+        .url
+        .parse()
+        .map_err(|e| RelayError::Misconfigured(format!("database.url: {e}")))?;
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let password = pg.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
+    let tls = match pg.get_ssl_mode() {
+        SslMode::Require => TlsConfig::require(),
+        _ => TlsConfig::disabled(),
+    };
+    let interval = Duration::from_millis(config.relay.status_interval_ms);
+    Ok(ReplicationConfig::new(
+        host,
+        pg.get_user().unwrap_or("postgres"),
+        password,
+        pg.get_dbname().unwrap_or("postgres"),
+        config.relay.slot_name.clone(),
+        config.relay.publication_name.clone(),
+    )
+    .with_port(port)
+    .with_tls(tls)
+    .with_start_lsn(pgwire_replication::Lsn::from_u64(start.0))
+    .with_status_interval(interval)
+    .with_wakeup_interval(interval)
+    .with_buffer_size(4096)
+    .with_application_name("railhook-relay"))
+}
+
+/// The Kafka message for one outbox row: topic, key and a small versioned JSON value.
+pub fn announcement(config: &Config, row: &OutboxRow) -> (String, String, Vec<u8>) {
+    let (topic, key, target) = match (row.delivery_id, row.forward_id) {
+        (Some(d), _) => (config.deliveries_topic(), EndpointId(row.routing_id).to_string(), ("delivery_id", DeliveryId(d).to_string())),
+        (None, Some(f)) => (config.forwards_topic(), DestinationId(row.routing_id).to_string(), ("forward_id", ForwardId(f).to_string())),
+        (None, None) => unreachable!("Relations::row refuses rows without a target"),
+    };
+    let mut value = serde_json::json!({
+        "v": VALUE_VERSION,
+        "outbox_id": row.id,
+        "reason": row.reason,
+        "created_at": row.created_at,
+    });
+    value[target.0] = serde_json::Value::String(target.1);
+    if let Some(token) = row.claim_token {
+        value["claim_token"] = serde_json::Value::String(token.to_string());
+    }
+    (topic, key, serde_json::to_vec(&value).unwrap_or_default())
+}
+
+/// Counts the relay exposes; shared with the metrics layer.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Outbox inserts read from the stream and handed to the producer.
+    pub read: std::sync::atomic::AtomicU64,
+    /// Acknowledged by Kafka.
+    pub produced: std::sync::atomic::AtomicU64,
+    pub produce_errors: std::sync::atomic::AtomicU64,
+    pub confirmed_lsn: std::sync::atomic::AtomicU64,
+}
+
+/// Streams from `start` until `shutdown`, then drains in-flight messages and confirms them.
+pub async fn stream(
+    config: Arc<Config>,
+    producer: FutureProducer,
+    start: Lsn,
+    stats: Arc<RelayStats>,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    let mut client = ReplicationClient::connect(replication_config(&config, start)?).await.map_err(RelayError::from_replication)?;
+    tracing::info!(slot = %config.relay.slot_name, %start, "replication started");
+    let mut progress = Progress::new(start);
+    let mut relations = Relations::default();
+    let mut in_flight = FuturesUnordered::new();
+    let mut commit_lsn = Lsn::ZERO;
+    let mut stopping = false;
+
+    loop {
+        let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT;
+        tokio::select! {
+            biased;
+            Some((ticket, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                let (ticket, result): (Ticket, Result<(), String>) = (ticket, result);
+                match result {
+                    Ok(()) => {
+                        progress.acked(ticket);
+                        stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        stats.produce_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        // librdkafka already retried within its delivery timeout. Exit without
+                        // confirming: the restart replays from the slot.
+                        return Err(RelayError::Produce(e));
+                    }
+                }
+            }
+            _ = shutdown.cancelled(), if !stopping => {
+                tracing::info!(in_flight = in_flight.len(), "relay stopping: draining acknowledgements");
+                stopping = true;
+            }
+            event = client.recv(), if reading => {
+                match event.map_err(RelayError::from_replication)? {
+                    None => return Err(RelayError::StreamEnded),
+                    Some(ReplicationEvent::Begin { final_lsn, .. }) => {
+                        commit_lsn = Lsn(final_lsn.as_u64());
+                        progress.begin();
+                    }
+                    Some(ReplicationEvent::Commit { end_lsn, .. }) => progress.commit(Lsn(end_lsn.as_u64())),
+                    Some(ReplicationEvent::KeepAlive { wal_end, .. }) => progress.idle_at(Lsn(wal_end.as_u64())),
+                    Some(ReplicationEvent::Message { .. }) => {}
+                    Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
+                    Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
+                        Message::Relation(rel) => relations.insert(&rel)?,
+                        Message::Insert { relation_id, tuple } => {
+                            let row = relations.row(relation_id, &tuple)?;
+                            let (topic, key, value) = announcement(&config, &row);
+                            let outbox_id = row.id.to_string();
+                            let lsn = commit_lsn.to_string();
+                            let headers = OwnedHeaders::new()
+                                .insert(Header { key: "outbox_id", value: Some(outbox_id.as_bytes()) })
+                                .insert(Header { key: "commit_lsn", value: Some(lsn.as_bytes()) });
+                            let ticket = progress.produced();
+                            stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let delivery = loop {
+                                let record = FutureRecord::to(&topic).key(&key).payload(&value).headers(headers.clone());
+                                match producer.send_result(record) {
+                                    Ok(f) => break f,
+                                    // The bounded local queue is full: wait for Kafka instead of growing.
+                                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                                        tokio::time::sleep(Duration::from_millis(5)).await
+                                    }
+                                    Err((e, _)) => return Err(RelayError::Produce(e.to_string())),
+                                }
+                            };
+                            in_flight.push(async move {
+                                let result = match delivery.await {
+                                    Ok(Ok(_)) => Ok(()),
+                                    Ok(Err((e, _))) => Err(e.to_string()),
+                                    Err(_) => Err("producer dropped the message".to_string()),
+                                };
+                                (ticket, result)
+                            });
+                        }
+                        Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
+                    },
+                }
+            }
+        }
+        let confirmed = progress.confirmed();
+        client.update_applied_lsn(pgwire_replication::Lsn::from_u64(confirmed.0));
+        stats.confirmed_lsn.store(confirmed.0, std::sync::atomic::Ordering::Relaxed);
+        if stopping && in_flight.is_empty() {
+            break;
+        }
+    }
+    let flush_started = Instant::now();
+    producer.flush(Duration::from_secs(30)).map_err(|e| RelayError::Produce(e.to_string()))?;
+    client.shutdown().await.map_err(RelayError::from_replication)?;
+    tracing::info!(confirmed = %progress.confirmed(), flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped");
+    Ok(())
+}
