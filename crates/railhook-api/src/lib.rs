@@ -14,11 +14,13 @@ use tokio_util::sync::CancellationToken;
 
 pub mod admin;
 pub mod api_keys;
+pub mod endpoints;
 pub mod error;
 pub mod events;
 pub mod extract;
 pub mod openapi;
 pub mod pagination;
+pub mod subscriptions;
 
 use error::ApiError;
 
@@ -51,6 +53,12 @@ fn v1(state: AppState) -> Router {
         .route("/v1/api-keys/{id}", delete(api_keys::revoke))
         .route("/v1/events", post(events::create).get(events::list))
         .route("/v1/events/{id}", get(events::get))
+        .route("/v1/endpoints", post(endpoints::create).get(endpoints::list))
+        .route("/v1/endpoints/{id}", get(endpoints::get).patch(endpoints::update).delete(endpoints::delete))
+        .route("/v1/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/v1/endpoints/{id}/secret", get(endpoints::secret))
+        .route("/v1/subscriptions", post(subscriptions::create).get(subscriptions::list))
+        .route("/v1/subscriptions/{id}", get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete))
         .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .with_state(state)

@@ -15,6 +15,18 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/events"),
     ("get", "/v1/events"),
     ("get", "/v1/events/{id}"),
+    ("post", "/v1/endpoints"),
+    ("get", "/v1/endpoints"),
+    ("get", "/v1/endpoints/{id}"),
+    ("patch", "/v1/endpoints/{id}"),
+    ("delete", "/v1/endpoints/{id}"),
+    ("post", "/v1/endpoints/{id}/rotate-secret"),
+    ("get", "/v1/endpoints/{id}/secret"),
+    ("post", "/v1/subscriptions"),
+    ("get", "/v1/subscriptions"),
+    ("get", "/v1/subscriptions/{id}"),
+    ("patch", "/v1/subscriptions/{id}"),
+    ("delete", "/v1/subscriptions/{id}"),
 ];
 
 #[tokio::test]
@@ -38,7 +50,7 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
                     assert!(r["content"]["application/json"]["schema"].is_object(), "{method} {path} {code}: error without schema");
                 }
             }
-            if method == "post" {
+            if method == "post" && !path.ends_with("rotate-secret") {
                 assert!(op["requestBody"]["content"]["application/json"]["schema"].is_object(), "{method} {path}: no request schema");
             }
         }

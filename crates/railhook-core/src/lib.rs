@@ -1,14 +1,20 @@
-//! Railhook's vocabulary, shared by every crate: typed ids, WAL positions and statuses.
+//! Railhook's vocabulary, shared by every crate: typed ids, WAL positions, statuses, event
+//! type patterns, Standard Webhooks signing and the SSRF guard for Endpoint URLs.
 //! Nothing here does I/O.
 
+pub mod address;
 pub mod id;
 pub mod lsn;
 pub mod pattern;
+pub mod signing;
 pub mod status;
 
+pub use address::{classify, parse_endpoint_url, AllowList, AllowListError, DeniedReason, EndpointUrl, UrlError};
 pub use id::{
     ApiKeyId, AttemptId, DeliveryId, DestinationId, EndpointId, EventId, ForwardId, IdError,
     IncomingEventId, OrganizationId, ProjectId, SourceId, SubscriptionId,
 };
 pub use lsn::Lsn;
+pub use pattern::{candidate_patterns, EventType, EventTypePattern, PatternError};
+pub use signing::{sign, signature_header, verify, EndpointSecret, SecretError, VerifyError};
 pub use status::DeliveryStatus;

@@ -2,64 +2,113 @@
 //!
 //! A type is 1-10 dot-separated segments of `[a-z0-9_-]`, at most 200 characters. A pattern
 //! is an exact type (`order.paid`), a type whose last segment is `*` (exactly one more
-//! segment: `order.*` matches `order.paid`, not `order.paid.v2`), a type whose last segment is
-//! `**` (one or more further segments), or `**` alone (everything).
+//! segment: `order.*` matches `order.paid`, not `order` nor `order.paid.v2`), a type whose
+//! last segment is `**` (one or more further segments), or `**` alone (everything).
 //!
 //! Contract used by ingest: `pattern.matches(t)` holds exactly when
 //! `candidate_patterns(t)` contains `pattern.as_str()`, so matching is an index lookup with
 //! `event_type_pattern = ANY(candidates)` instead of loading every Subscription.
+//!
+//! Every pattern that parses matches at least one valid event type: patterns that could never
+//! match (too many segments, a prefix too long to be followed by another segment) are refused
+//! when the Subscription is created instead of silently receiving nothing.
 
 use std::fmt;
+use std::str::FromStr;
 
+/// Longest event type, in bytes (all allowed characters are ASCII).
 pub const MAX_TYPE_LEN: usize = 200;
+/// Most segments in an event type, and so in a pattern.
 pub const MAX_SEGMENTS: usize = 10;
+/// Longest pattern: `prefix.**` where `prefix.x` is a type of [`MAX_TYPE_LEN`] characters.
+pub const MAX_PATTERN_LEN: usize = MAX_TYPE_LEN + 1;
 
+/// Why an event type or a pattern was refused. The message names which of the two it was
+/// and what is wrong, so it can be returned to an API client as is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatternError {
-    #[error("must be 1 to {MAX_TYPE_LEN} characters")]
-    Length,
-    #[error("has more than {MAX_SEGMENTS} segments")]
-    TooManySegments,
-    #[error("has an empty segment (two dots, or a dot at either end)")]
+    #[error("event type {0}")]
+    Type(Problem),
+    #[error("event type pattern {0}")]
+    Pattern(Problem),
+}
+
+impl PatternError {
+    pub fn problem(&self) -> &Problem {
+        match self {
+            PatternError::Type(p) | PatternError::Pattern(p) => p,
+        }
+    }
+}
+
+/// What is wrong with an event type or pattern; see [`PatternError`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("must be 1 to {max} characters long (got {len})")]
+    Length { len: usize, max: usize },
+    #[error("has {count} dot-separated segments; at most {MAX_SEGMENTS} are allowed")]
+    TooManySegments { count: usize },
+    #[error("has an empty segment (two dots in a row, or a dot at the start or end)")]
     EmptySegment,
-    #[error("segment '{0}' may only contain lower-case letters, digits, '_' and '-'")]
+    #[error("segment '{0}' may only contain lower-case letters a-z, digits, '_' and '-'")]
     BadSegment(String),
-    #[error("'*' and '**' may only be the last segment (e.g. 'order.*', 'order.**' or '**')")]
+    #[error("may not contain '*' or '**'; wildcards belong in subscription patterns")]
+    WildcardInType,
+    #[error("may use '*' or '**' only as its last segment (e.g. 'order.*', 'order.**' or '**')")]
     MisplacedWildcard,
+    #[error("segment '{0}' mixes a wildcard with other characters; '*' and '**' must be a whole segment")]
+    PartialWildcard(String),
+    #[error("'*' needs a prefix ('order.*'); use '**' to match every event type")]
+    LoneStar,
 }
 
 /// A validated event type such as `order.paid`.
+///
+/// Invariant: 1 to [`MAX_TYPE_LEN`] characters, 1 to [`MAX_SEGMENTS`] non-empty segments of
+/// `[a-z0-9_-]` separated by single dots.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EventType(String);
 
-fn check_segment(seg: &str) -> Result<(), PatternError> {
+/// Shows a segment back to the client without echoing an arbitrarily long input.
+fn excerpt(seg: &str) -> String {
+    let mut out: String = seg.chars().take(40).collect();
+    if out.len() < seg.len() {
+        out.push_str("...");
+    }
+    out
+}
+
+fn check_segment(seg: &str) -> Result<(), Problem> {
     if seg.is_empty() {
-        return Err(PatternError::EmptySegment);
+        return Err(Problem::EmptySegment);
     }
     if !seg.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') {
-        return Err(PatternError::BadSegment(seg.chars().take(40).collect()));
+        return Err(Problem::BadSegment(excerpt(seg)));
     }
     Ok(())
 }
 
-fn check_shape(text: &str) -> Result<Vec<&str>, PatternError> {
-    if text.is_empty() || text.len() > MAX_TYPE_LEN {
-        return Err(PatternError::Length);
+fn split_segments(text: &str, max_len: usize) -> Result<Vec<&str>, Problem> {
+    let len = text.chars().count();
+    if len == 0 || len > max_len {
+        return Err(Problem::Length { len, max: max_len });
     }
     let segments: Vec<&str> = text.split('.').collect();
     if segments.len() > MAX_SEGMENTS {
-        return Err(PatternError::TooManySegments);
+        return Err(Problem::TooManySegments { count: segments.len() });
     }
     Ok(segments)
 }
 
 impl EventType {
+    /// Validates `text` as an event type (see the type's invariant).
     pub fn parse(text: &str) -> Result<EventType, PatternError> {
-        for seg in check_shape(text)? {
-            if seg == "*" || seg == "**" {
-                return Err(PatternError::BadSegment(seg.into()));
+        let segments = split_segments(text, MAX_TYPE_LEN).map_err(PatternError::Type)?;
+        for seg in segments {
+            if seg.contains('*') {
+                return Err(PatternError::Type(Problem::WildcardInType));
             }
-            check_segment(seg)?;
+            check_segment(seg).map_err(PatternError::Type)?;
         }
         Ok(EventType(text.to_string()))
     }
@@ -79,7 +128,14 @@ impl fmt::Display for EventType {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl FromStr for EventType {
+    type Err = PatternError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventType::parse(s)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Kind {
     Exact,
     /// `prefix.*`: the prefix's segments plus exactly one.
@@ -88,8 +144,12 @@ enum Kind {
     AnyMore,
 }
 
-/// A validated Subscription pattern.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A validated Subscription pattern: `order.paid`, `order.*`, `order.**` or `**`.
+///
+/// Stored and looked up by its text ([`EventTypePattern::as_str`]), which is exactly the
+/// input that parsed: there is a single spelling of each pattern, so the index lookup on
+/// [`candidate_patterns`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EventTypePattern {
     text: String,
     kind: Kind,
@@ -98,25 +158,34 @@ pub struct EventTypePattern {
 }
 
 impl EventTypePattern {
+    /// Validates `text` as a pattern. Refuses wildcards anywhere but the last segment,
+    /// partial wildcards (`pay*`), a lone `*`, and patterns no event type could match.
     pub fn parse(text: &str) -> Result<EventTypePattern, PatternError> {
-        let segments = check_shape(text)?;
-        let (last, init) = segments.split_last().ok_or(PatternError::Length)?;
+        let err = PatternError::Pattern;
+        let segments = split_segments(text, MAX_PATTERN_LEN).map_err(err)?;
+        let (last, init) = segments.split_last().ok_or(err(Problem::Length { len: 0, max: MAX_PATTERN_LEN }))?;
         for seg in init {
-            if seg.contains('*') {
-                return Err(PatternError::MisplacedWildcard);
+            match *seg {
+                "*" | "**" => return Err(err(Problem::MisplacedWildcard)),
+                s if s.contains('*') => return Err(err(Problem::PartialWildcard(excerpt(s)))),
+                s => check_segment(s).map_err(err)?,
             }
-            check_segment(seg)?;
         }
         let kind = match *last {
-            "*" if !init.is_empty() => Kind::OneMore,
-            "*" => return Err(PatternError::MisplacedWildcard),
+            "*" if init.is_empty() => return Err(err(Problem::LoneStar)),
+            "*" => Kind::OneMore,
             "**" => Kind::AnyMore,
-            seg if seg.contains('*') => return Err(PatternError::MisplacedWildcard),
-            seg => {
-                check_segment(seg)?;
+            s if s.contains('*') => return Err(err(Problem::PartialWildcard(excerpt(s)))),
+            s => {
+                check_segment(s).map_err(err)?;
                 Kind::Exact
             }
         };
+        // `prefix.**` may be one character longer than a type (the shortest type it matches
+        // is `prefix.x`); everything else is at most as long as the types it matches.
+        if kind != Kind::AnyMore && text.len() > MAX_TYPE_LEN {
+            return Err(err(Problem::Length { len: text.len(), max: MAX_TYPE_LEN }));
+        }
         let prefix = match kind {
             Kind::Exact => segments.iter().map(|s| s.to_string()).collect(),
             _ => init.iter().map(|s| s.to_string()).collect(),
@@ -124,10 +193,12 @@ impl EventTypePattern {
         Ok(EventTypePattern { text: text.to_string(), kind, prefix })
     }
 
+    /// The pattern as stored in `subscriptions.event_type_pattern`.
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
+    /// Whether an Event of type `t` goes to Subscriptions with this pattern.
     pub fn matches(&self, t: &EventType) -> bool {
         let segs: Vec<&str> = t.segments().collect();
         let starts = segs.len() >= self.prefix.len() && self.prefix.iter().zip(&segs).all(|(p, s)| p == s);
@@ -139,8 +210,24 @@ impl EventTypePattern {
     }
 }
 
+impl fmt::Display for EventTypePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl FromStr for EventTypePattern {
+    type Err = PatternError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EventTypePattern::parse(s)
+    }
+}
+
 /// Every pattern string that can match `t`: the type itself, `parent.*`, `p.**` for every
-/// proper prefix `p`, and `**`. At most `MAX_SEGMENTS + 2` strings.
+/// proper prefix `p`, and `**`. At most `MAX_SEGMENTS + 2` strings, no duplicates.
+///
+/// Contract: for every pattern `p` that parses, `p.matches(t)` exactly when the result
+/// contains `p.as_str()`.
 pub fn candidate_patterns(t: &EventType) -> Vec<String> {
     let segs: Vec<&str> = t.segments().collect();
     let mut out = Vec::with_capacity(segs.len() + 2);
@@ -159,78 +246,191 @@ pub fn candidate_patterns(t: &EventType) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn t(s: &str) -> EventType {
         EventType::parse(s).unwrap()
     }
 
+    fn p(s: &str) -> EventTypePattern {
+        EventTypePattern::parse(s).unwrap()
+    }
+
     #[test]
     fn types_are_validated() {
-        for ok in ["order", "order.paid", "a-b.c_d.9", &"a.".repeat(9).to_string().add_last("z")] {
-            assert!(EventType::parse(ok).is_ok(), "{ok}");
+        let ten = ["a"; 10].join(".");
+        let long = format!("{}.b", "a".repeat(MAX_TYPE_LEN - 2));
+        for ok in ["order", "order.paid", "a-b.c_d.9", "0", ten.as_str(), long.as_str()] {
+            assert_eq!(EventType::parse(ok).map(|t| t.to_string()), Ok(ok.to_string()));
         }
-        for bad in ["", "Order.paid", "order..paid", ".order", "order.", "order.*", "ordér", "a b", &"x".repeat(201), &"a.".repeat(10).add_last("z")] {
-            assert!(EventType::parse(bad).is_err(), "{bad}");
+        let eleven = ["a"; 11].join(".");
+        let too_long = "x".repeat(MAX_TYPE_LEN + 1);
+        let bad = [
+            "", "Order.paid", "order..paid", ".order", "order.", "order.*", "order.**", "**", "ordér", "a b",
+            "order paid", "order/paid", "order.paid\n", too_long.as_str(), eleven.as_str(),
+        ];
+        for bad in bad {
+            assert!(matches!(EventType::parse(bad), Err(PatternError::Type(_))), "{bad:?}");
         }
     }
 
-    trait AddLast {
-        fn add_last(self, s: &str) -> String;
-    }
-    impl AddLast for String {
-        fn add_last(mut self, s: &str) -> String {
-            self.push_str(s);
-            self
-        }
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let msg = |s: &str| EventType::parse(s).unwrap_err().to_string();
+        assert_eq!(msg(""), "event type must be 1 to 200 characters long (got 0)");
+        assert_eq!(msg("Order.paid"), "event type segment 'Order' may only contain lower-case letters a-z, digits, '_' and '-'");
+        assert_eq!(msg("a..b"), "event type has an empty segment (two dots in a row, or a dot at the start or end)");
+        assert_eq!(msg(&["a"; 11].join(".")), "event type has 11 dot-separated segments; at most 10 are allowed");
+        assert_eq!(msg("order.*"), "event type may not contain '*' or '**'; wildcards belong in subscription patterns");
+        assert!(msg(&format!("{}X", "a".repeat(100))).ends_with("aaaa...' may only contain lower-case letters a-z, digits, '_' and '-'"));
+
+        let pmsg = |s: &str| EventTypePattern::parse(s).unwrap_err().to_string();
+        assert_eq!(pmsg("order.*.paid"), "event type pattern may use '*' or '**' only as its last segment (e.g. 'order.*', 'order.**' or '**')");
+        assert_eq!(pmsg("**.paid"), "event type pattern may use '*' or '**' only as its last segment (e.g. 'order.*', 'order.**' or '**')");
+        assert_eq!(pmsg("order.pa*"), "event type pattern segment 'pa*' mixes a wildcard with other characters; '*' and '**' must be a whole segment");
+        assert_eq!(pmsg("*"), "event type pattern '*' needs a prefix ('order.*'); use '**' to match every event type");
+        assert_eq!(pmsg("order..*"), "event type pattern has an empty segment (two dots in a row, or a dot at the start or end)");
     }
 
     #[test]
     fn wildcards() {
-        let one = EventTypePattern::parse("order.*").unwrap();
+        let one = p("order.*");
         assert!(one.matches(&t("order.paid")));
         assert!(!one.matches(&t("order")));
         assert!(!one.matches(&t("order.paid.v2")));
         assert!(!one.matches(&t("orders.paid")));
-        let any = EventTypePattern::parse("order.**").unwrap();
+        let any = p("order.**");
         assert!(any.matches(&t("order.paid")) && any.matches(&t("order.paid.v2")));
-        assert!(!any.matches(&t("order")));
-        let all = EventTypePattern::parse("**").unwrap();
+        assert!(!any.matches(&t("order")) && !any.matches(&t("orders.paid")));
+        let all = p("**");
         assert!(all.matches(&t("x")) && all.matches(&t("a.b.c")));
-        let exact = EventTypePattern::parse("order.paid").unwrap();
-        assert!(exact.matches(&t("order.paid")) && !exact.matches(&t("order.paid.v2")));
-        for bad in ["*", "order.*.paid", "*.paid", "order.p*", "**.paid", "order..*", ""] {
-            assert!(EventTypePattern::parse(bad).is_err(), "{bad}");
+        let exact = p("order.paid");
+        assert!(exact.matches(&t("order.paid")) && !exact.matches(&t("order.paid.v2")) && !exact.matches(&t("order")));
+        for bad in ["*", "order.*.paid", "*.paid", "order.p*", "order.***", "**.paid", "order..*", "", "Order.*", "order.*."] {
+            assert!(matches!(EventTypePattern::parse(bad), Err(PatternError::Pattern(_))), "{bad}");
         }
     }
 
     #[test]
-    fn candidates_agree_with_matches() {
-        let words = ["a", "b", "order", "paid"];
-        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % n as u64) as usize
-        };
-        let mut checked = 0;
-        for _ in 0..3000 {
-            let len = 1 + next(4);
-            let ty: Vec<&str> = (0..len).map(|_| words[next(words.len())]).collect();
-            let ty = t(&ty.join("."));
-            let plen = 1 + next(4);
-            let mut pat: Vec<String> = (0..plen).map(|_| words[next(words.len())].to_string()).collect();
-            match next(3) {
-                0 => {}
-                1 => *pat.last_mut().unwrap() = "*".into(),
-                _ => *pat.last_mut().unwrap() = "**".into(),
-            }
-            let Ok(p) = EventTypePattern::parse(&pat.join(".")) else { continue };
-            let cands = candidate_patterns(&ty);
-            assert_eq!(p.matches(&ty), cands.iter().any(|c| c == p.as_str()), "{} vs {}", p.as_str(), ty);
-            checked += 1;
-        }
-        assert!(checked > 2000);
+    fn patterns_that_could_never_match_are_refused() {
+        // `prefix.*` with ten prefix segments would need an eleven-segment type.
+        assert!(EventTypePattern::parse(&format!("{}.*", ["a"; 10].join("."))).is_err());
+        assert!(EventTypePattern::parse(&format!("{}.**", ["a"; 10].join("."))).is_err());
+        let nine = p(&format!("{}.**", ["a"; 9].join(".")));
+        assert!(nine.matches(&t(&["a"; 10].join("."))));
+
+        // Longest prefix that can still be followed by a segment: 198 characters.
+        let prefix = "a".repeat(MAX_TYPE_LEN - 2);
+        let longest_any = p(&format!("{prefix}.**"));
+        assert_eq!(longest_any.as_str().len(), MAX_PATTERN_LEN);
+        assert!(longest_any.matches(&t(&format!("{prefix}.b"))));
+        assert!(p(&format!("{prefix}.*")).matches(&t(&format!("{prefix}.b"))));
+        let prefix = "a".repeat(MAX_TYPE_LEN - 1);
+        assert!(EventTypePattern::parse(&format!("{prefix}.**")).is_err());
+        assert!(EventTypePattern::parse(&format!("{prefix}.*")).is_err());
+        assert!(EventTypePattern::parse(&"a".repeat(MAX_TYPE_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn candidates_of_a_type() {
+        assert_eq!(candidate_patterns(&t("order")), vec!["order", "**"]);
         assert_eq!(candidate_patterns(&t("order.paid")), vec!["order.paid", "**", "order.*", "order.**"]);
+        assert_eq!(
+            candidate_patterns(&t("a.b.c")),
+            vec!["a.b.c", "**", "a.**", "a.b.*", "a.b.**"]
+        );
+        let ten = t(&["a"; 10].join("."));
+        let cands = candidate_patterns(&ten);
+        assert_eq!(cands.len(), MAX_SEGMENTS + 2);
+        let mut dedup = cands.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), cands.len());
+    }
+
+    fn random_type(rng: &mut StdRng, words: &[&str]) -> EventType {
+        let len = rng.random_range(1..=MAX_SEGMENTS);
+        let segs: Vec<&str> = (0..len).map(|_| words[rng.random_range(0..words.len())]).collect();
+        t(&segs.join("."))
+    }
+
+    fn random_pattern_text(rng: &mut StdRng, words: &[&str]) -> String {
+        let len = rng.random_range(1..=MAX_SEGMENTS + 1);
+        let mut segs: Vec<&str> = (0..len).map(|_| words[rng.random_range(0..words.len())]).collect();
+        match rng.random_range(0..3) {
+            0 => {}
+            1 => segs[len - 1] = "*",
+            _ => segs[len - 1] = "**",
+        }
+        segs.join(".")
+    }
+
+    /// The contract ingest relies on, for random types and patterns over a small alphabet
+    /// (so that prefixes collide often).
+    #[test]
+    fn candidates_agree_with_matches() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let words = ["a", "b", "order", "paid"];
+        let (mut hits, mut misses) = (0, 0);
+        for _ in 0..20_000 {
+            let ty = random_type(&mut rng, &words);
+            // Half the time take one of the type's own candidates, so matches are frequent.
+            let text = if rng.random_bool(0.5) {
+                let cands = candidate_patterns(&ty);
+                cands[rng.random_range(0..cands.len())].clone()
+            } else {
+                random_pattern_text(&mut rng, &words)
+            };
+            let Ok(pat) = EventTypePattern::parse(&text) else { continue };
+            let matched = pat.matches(&ty);
+            let listed = candidate_patterns(&ty).iter().any(|c| c == pat.as_str());
+            assert_eq!(matched, listed, "seed {seed}: pattern {pat} vs type {ty}");
+            if matched {
+                hits += 1;
+            } else {
+                misses += 1;
+            }
+        }
+        assert!(hits > 5_000 && misses > 2_000, "seed {seed}: {hits} hits, {misses} misses");
+    }
+
+    /// Every candidate of a valid type is a valid pattern (so a Subscription can hold it)
+    /// and matches that type, also for types near the length limit.
+    #[test]
+    fn candidates_parse_and_match() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let long = "x".repeat(60);
+        let words = ["a", "order", "paid-v2", "x_y", long.as_str()];
+        for _ in 0..2_000 {
+            let len = rng.random_range(1..=MAX_SEGMENTS);
+            let segs: Vec<&str> = (0..len).map(|_| words[rng.random_range(0..words.len())]).collect();
+            let Ok(ty) = EventType::parse(&segs.join(".")) else { continue };
+            for c in candidate_patterns(&ty) {
+                let pat = EventTypePattern::parse(&c).unwrap_or_else(|e| panic!("seed {seed}: candidate {c} of {ty}: {e}"));
+                assert!(pat.matches(&ty), "seed {seed}: {c} vs {ty}");
+            }
+        }
+    }
+
+    /// Parsing never panics, whatever the input, and what parses round-trips.
+    #[test]
+    fn arbitrary_input_never_panics() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let alphabet: Vec<char> = "ab.*-_Z9 é\u{0}".chars().collect();
+        for _ in 0..20_000 {
+            let len = rng.random_range(0..24);
+            let s: String = (0..len).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect();
+            if let Ok(ty) = EventType::parse(&s) {
+                assert_eq!(ty.as_str(), s, "seed {seed}");
+                assert!(!s.contains('*'), "seed {seed}: {s}");
+            }
+            if let Ok(pat) = EventTypePattern::parse(&s) {
+                assert_eq!(pat.as_str(), s, "seed {seed}");
+            }
+        }
     }
 }

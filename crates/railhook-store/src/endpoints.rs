@@ -29,8 +29,10 @@ pub struct Endpoint {
     pub description: String,
     /// A disabled Endpoint gets no new Deliveries.
     pub enabled: bool,
-    /// Deliveries per second at most; `None` is unlimited.
+    /// Deliveries per second at most; null: unlimited.
     pub rate_limit_per_second: Option<i32>,
+    /// Custom headers sent with every request.
+    #[schema(value_type = BTreeMap<String, String>)]
     pub headers: EndpointHeaders,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

@@ -1,10 +1,12 @@
 //! Railhook's Postgres access. SQL lives next to the code that runs it.
 
+pub mod endpoints;
 pub mod error;
 pub mod events;
 pub mod migrate;
 pub mod pool;
 pub mod server;
+pub mod subscriptions;
 pub mod tenancy;
 
 pub use error::StoreError;

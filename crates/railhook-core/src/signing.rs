@@ -1,0 +1,411 @@
+//! Standard Webhooks signing (<https://www.standardwebhooks.com>): Endpoint secrets, the
+//! `webhook-signature` header we send, and verification of one we receive.
+//!
+//! The signed content is `"{webhook-id}.{webhook-timestamp}.{body}"`, the signature
+//! `v1,<base64 HMAC-SHA256(key, content)>` where the key is the base64-decoded part of the
+//! `whsec_` secret. Any Standard Webhooks library must verify what [`signature_header`]
+//! produces, unchanged.
+
+use std::fmt;
+
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use base64::engine::DecodePaddingMode;
+use base64::Engine;
+use hmac::digest::{Key, KeyInit};
+use hmac::{Hmac, Mac};
+use rand::RngCore;
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Prefix of every Endpoint secret.
+pub const SECRET_PREFIX: &str = "whsec_";
+/// Key bytes in a secret from [`EndpointSecret::generate`].
+pub const GENERATED_KEY_LEN: usize = 32;
+/// Shortest key accepted by [`EndpointSecret::parse`].
+pub const MIN_KEY_LEN: usize = 24;
+/// Longest key accepted by [`EndpointSecret::parse`]; also SHA-256's block size, see
+/// [`EndpointSecret::from_key`].
+pub const MAX_KEY_LEN: usize = 64;
+/// Tolerance between `webhook-timestamp` and now that Standard Webhooks libraries use.
+pub const DEFAULT_TOLERANCE_SECS: i64 = 300;
+
+/// Decodes base64 with or without padding: secrets and signatures made by other tools are
+/// not always padded. Encoding always uses [`STANDARD`] (padded).
+const LENIENT: GeneralPurpose =
+    GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent));
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretError {
+    #[error("secret must start with '{SECRET_PREFIX}'")]
+    MissingPrefix,
+    #[error("secret must be '{SECRET_PREFIX}' followed by standard base64")]
+    NotBase64,
+    #[error("secret must encode {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes (got {0})")]
+    KeyLength(usize),
+}
+
+/// An Endpoint's signing secret: `whsec_` + base64 of 24 to 64 key bytes.
+///
+/// `Debug` shows only the prefix; there is deliberately no `Display`, so the secret reaches
+/// a log or a response only through an explicit [`EndpointSecret::as_str`].
+#[derive(Clone)]
+pub struct EndpointSecret {
+    /// The secret as given (or generated): what is stored and shown to the customer once.
+    text: String,
+    /// HMAC-SHA256 already keyed, cloned for every signature.
+    mac: HmacSha256,
+}
+
+impl EndpointSecret {
+    /// A new secret of [`GENERATED_KEY_LEN`] bytes from the thread-local CSPRNG.
+    pub fn generate() -> EndpointSecret {
+        let mut key = [0u8; GENERATED_KEY_LEN];
+        rand::rng().fill_bytes(&mut key);
+        let text = format!("{SECRET_PREFIX}{}", STANDARD.encode(key));
+        EndpointSecret { text, mac: Self::from_key(&key) }
+    }
+
+    /// Accepts `whsec_` + base64 (padded or not) decoding to 24..=64 bytes.
+    pub fn parse(text: &str) -> Result<EndpointSecret, SecretError> {
+        let encoded = text.strip_prefix(SECRET_PREFIX).ok_or(SecretError::MissingPrefix)?;
+        let key = LENIENT.decode(encoded).map_err(|_| SecretError::NotBase64)?;
+        if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()) {
+            return Err(SecretError::KeyLength(key.len()));
+        }
+        Ok(EndpointSecret { text: text.to_string(), mac: Self::from_key(&key) })
+    }
+
+    /// The secret as stored; handle with care.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// HMAC pads a key shorter than the hash's block size with zeros (RFC 2104), so a key of
+    /// at most [`MAX_KEY_LEN`] = 64 bytes zero-padded to the block is the same key; this
+    /// uses the infallible constructor instead of `new_from_slice`. Callers keep the length
+    /// within bounds; a longer key would be truncated, so `parse` refuses it first.
+    fn from_key(key: &[u8]) -> HmacSha256 {
+        let mut block = Key::<HmacSha256>::default();
+        for (slot, byte) in block.iter_mut().zip(key) {
+            *slot = *byte;
+        }
+        <HmacSha256 as KeyInit>::new(&block)
+    }
+
+    fn keyed(&self, msg_id: &str, timestamp: i64, body: &[u8]) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        mac.update(msg_id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        mac
+    }
+}
+
+impl fmt::Debug for EndpointSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EndpointSecret({SECRET_PREFIX}<redacted>)")
+    }
+}
+
+impl std::str::FromStr for EndpointSecret {
+    type Err = SecretError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EndpointSecret::parse(s)
+    }
+}
+
+/// One signature, `v1,<base64 HMAC-SHA256(key, "{msg_id}.{timestamp}.{body}")>`.
+///
+/// `msg_id` is the `webhook-id` header (the Delivery id) and `timestamp` the
+/// `webhook-timestamp` header (unix seconds) of the same request; `body` the exact bytes sent.
+pub fn sign(secret: &EndpointSecret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+    let tag = secret.keyed(msg_id, timestamp, body).finalize().into_bytes();
+    format!("v1,{}", STANDARD.encode(tag))
+}
+
+/// The `webhook-signature` header: one [`sign`] entry per secret, in the order given,
+/// separated by single spaces. During a rotation's overlap pass every unexpired secret, so
+/// receivers holding either the old or the new one verify. An empty slice gives an empty
+/// string; an Endpoint always has a current secret.
+pub fn signature_header(secrets: &[EndpointSecret], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
+    secrets.iter().map(|s| sign(s, msg_id, timestamp, body)).collect::<Vec<_>>().join(" ")
+}
+
+/// Why a signed request was not accepted by [`verify`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("webhook-timestamp {timestamp} is {age} s in the past, more than the {tolerance} s tolerance")]
+    TooOld { timestamp: i64, age: u64, tolerance: i64 },
+    #[error("webhook-timestamp {timestamp} is {ahead} s in the future, more than the {tolerance} s tolerance")]
+    InFuture { timestamp: i64, ahead: u64, tolerance: i64 },
+    #[error("webhook-signature header has no signatures")]
+    NoSignatures,
+    #[error("webhook-signature header is malformed: entries must be 'v1,<base64>' separated by spaces")]
+    Malformed,
+    #[error("webhook-signature header has no v1 signature")]
+    NoSupportedVersion,
+    #[error("no webhook-signature entry matches the request")]
+    Mismatch,
+}
+
+/// Verifies a Standard Webhooks request signed with `secret`.
+///
+/// - The timestamp must be within `tolerance_secs` of `now` (both unix seconds, inclusive,
+///   either direction; a negative tolerance counts as zero). Checked first and overflow-free.
+/// - `header` holds space-separated `version,signature` entries. Entries of versions other
+///   than `v1` are ignored (e.g. `v1a` asymmetric signatures). The request is accepted as
+///   soon as one `v1` entry matches; each comparison is constant-time (`verify_slice`).
+/// - If none matches: [`VerifyError::NoSignatures`] for an empty header, else
+///   [`VerifyError::Malformed`] if some entry lacked a `,` or a `v1` entry was not base64,
+///   else [`VerifyError::Mismatch`] if there was a `v1` entry, else
+///   [`VerifyError::NoSupportedVersion`].
+///
+/// Never panics, whatever `header` holds. The HMAC over the body is computed once, however
+/// many entries the header has.
+pub fn verify(
+    secret: &EndpointSecret,
+    msg_id: &str,
+    timestamp: i64,
+    body: &[u8],
+    header: &str,
+    now: i64,
+    tolerance_secs: i64,
+) -> Result<(), VerifyError> {
+    let tolerance = tolerance_secs.max(0);
+    let distance = now.abs_diff(timestamp);
+    if distance > tolerance.unsigned_abs() {
+        return Err(if timestamp < now {
+            VerifyError::TooOld { timestamp, age: distance, tolerance }
+        } else {
+            VerifyError::InFuture { timestamp, ahead: distance, tolerance }
+        });
+    }
+
+    let expected = secret.keyed(msg_id, timestamp, body);
+    let (mut entries, mut malformed, mut saw_v1) = (0usize, false, false);
+    for entry in header.split(' ').filter(|e| !e.is_empty()) {
+        entries += 1;
+        let Some((version, signature)) = entry.split_once(',') else {
+            malformed = true;
+            continue;
+        };
+        if version != "v1" {
+            continue;
+        }
+        saw_v1 = true;
+        let Ok(tag) = LENIENT.decode(signature) else {
+            malformed = true;
+            continue;
+        };
+        if expected.clone().verify_slice(&tag).is_ok() {
+            return Ok(());
+        }
+    }
+    Err(if entries == 0 {
+        VerifyError::NoSignatures
+    } else if malformed {
+        VerifyError::Malformed
+    } else if saw_v1 {
+        VerifyError::Mismatch
+    } else {
+        VerifyError::NoSupportedVersion
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    // The official Standard Webhooks test vector.
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const MSG_ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
+    const TS: i64 = 1614265330;
+    const BODY: &[u8] = br#"{"test": 2432232314}"#;
+    const EXPECTED: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+
+    fn secret() -> EndpointSecret {
+        EndpointSecret::parse(SECRET).unwrap()
+    }
+
+    #[test]
+    fn known_answer() {
+        assert_eq!(sign(&secret(), MSG_ID, TS, BODY), EXPECTED);
+        assert_eq!(verify(&secret(), MSG_ID, TS, BODY, EXPECTED, TS, DEFAULT_TOLERANCE_SECS), Ok(()));
+    }
+
+    /// The zero-padded block key must equal HMAC's own key handling for every length we
+    /// accept, or signatures would differ from other libraries'.
+    #[test]
+    fn padded_key_is_the_same_hmac_key() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for len in MIN_KEY_LEN..=MAX_KEY_LEN {
+            let mut key = vec![0u8; len];
+            rng.fill_bytes(&mut key);
+            let text = format!("whsec_{}", STANDARD.encode(&key));
+            let ours = sign(&EndpointSecret::parse(&text).unwrap(), "msg_1", 5, b"body");
+            let mut reference = <HmacSha256 as Mac>::new_from_slice(&key).unwrap();
+            reference.update(b"msg_1.5.body");
+            assert_eq!(ours, format!("v1,{}", STANDARD.encode(reference.finalize().into_bytes())), "len {len}");
+        }
+    }
+
+    #[test]
+    fn generated_secrets() {
+        let a = EndpointSecret::generate();
+        let b = EndpointSecret::generate();
+        assert_ne!(a.as_str(), b.as_str());
+        let encoded = a.as_str().strip_prefix("whsec_").unwrap();
+        assert_eq!(STANDARD.decode(encoded).unwrap().len(), GENERATED_KEY_LEN);
+        assert!(encoded.ends_with('='), "standard base64 with padding: {encoded}");
+        let reparsed = EndpointSecret::parse(a.as_str()).unwrap();
+        assert_eq!(sign(&a, "m", 1, b"x"), sign(&reparsed, "m", 1, b"x"));
+        assert_ne!(sign(&a, "m", 1, b"x"), sign(&b, "m", 1, b"x"));
+    }
+
+    #[test]
+    fn secrets_are_validated() {
+        let key = |n: usize| format!("whsec_{}", STANDARD.encode(vec![7u8; n]));
+        for n in [24, 32, 64] {
+            assert!(EndpointSecret::parse(&key(n)).is_ok(), "{n}");
+        }
+        assert_eq!(EndpointSecret::parse(&key(23)).unwrap_err(), SecretError::KeyLength(23));
+        assert_eq!(EndpointSecret::parse(&key(65)).unwrap_err(), SecretError::KeyLength(65));
+        assert_eq!(EndpointSecret::parse("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap_err(), SecretError::MissingPrefix);
+        assert_eq!(EndpointSecret::parse("whsec_not base64!").unwrap_err(), SecretError::NotBase64);
+        assert_eq!(EndpointSecret::parse("whsec_").unwrap_err(), SecretError::KeyLength(0));
+        // Unpadded base64 of 32 bytes is accepted and is the same key as the padded form.
+        let padded = key(32);
+        let unpadded = padded.trim_end_matches('=');
+        assert_ne!(padded, unpadded);
+        assert_eq!(
+            sign(&EndpointSecret::parse(&padded).unwrap(), "m", 1, b""),
+            sign(&EndpointSecret::parse(unpadded).unwrap(), "m", 1, b"")
+        );
+    }
+
+    #[test]
+    fn debug_does_not_print_the_secret() {
+        let s = secret();
+        let shown = format!("{s:?} {:?}", vec![s.clone()]);
+        assert!(!shown.contains("MfKQ9r8"), "{shown}");
+        assert!(shown.contains("redacted"));
+    }
+
+    #[test]
+    fn header_has_one_entry_per_secret() {
+        let other = EndpointSecret::generate();
+        let header = signature_header(&[secret(), other.clone()], MSG_ID, TS, BODY);
+        assert_eq!(header, format!("{EXPECTED} {}", sign(&other, MSG_ID, TS, BODY)));
+        // A receiver holding either secret accepts the rotation header.
+        assert_eq!(verify(&secret(), MSG_ID, TS, BODY, &header, TS, 300), Ok(()));
+        assert_eq!(verify(&other, MSG_ID, TS, BODY, &header, TS, 300), Ok(()));
+        let third = EndpointSecret::generate();
+        assert_eq!(verify(&third, MSG_ID, TS, BODY, &header, TS, 300), Err(VerifyError::Mismatch));
+        assert_eq!(signature_header(&[], MSG_ID, TS, BODY), "");
+    }
+
+    #[test]
+    fn any_change_breaks_the_signature() {
+        let s = secret();
+        let v = |id: &str, ts: i64, body: &[u8]| verify(&s, id, ts, body, EXPECTED, TS, 300);
+        assert_eq!(v("msg_p5jXN8AQM9LWM0D4loKWxJeK", TS, BODY), Err(VerifyError::Mismatch));
+        assert_eq!(v(MSG_ID, TS + 1, BODY), Err(VerifyError::Mismatch));
+        assert_eq!(v(MSG_ID, TS, br#"{"test": 2432232315}"#), Err(VerifyError::Mismatch));
+        assert_eq!(v(MSG_ID, TS, b""), Err(VerifyError::Mismatch));
+        // A truncated or extended tag is not accepted.
+        let tag = STANDARD.decode(&EXPECTED[3..]).unwrap();
+        for bad in [&tag[..31], &[&tag[..], &[0u8]].concat()[..]] {
+            let header = format!("v1,{}", STANDARD.encode(bad));
+            assert_eq!(verify(&s, MSG_ID, TS, BODY, &header, TS, 300), Err(VerifyError::Mismatch));
+        }
+    }
+
+    #[test]
+    fn timestamp_tolerance() {
+        let s = secret();
+        let at = |now: i64, tol: i64| verify(&s, MSG_ID, TS, BODY, EXPECTED, now, tol);
+        assert_eq!(at(TS + 300, 300), Ok(()));
+        assert_eq!(at(TS - 300, 300), Ok(()));
+        assert_eq!(at(TS + 301, 300), Err(VerifyError::TooOld { timestamp: TS, age: 301, tolerance: 300 }));
+        assert_eq!(at(TS - 301, 300), Err(VerifyError::InFuture { timestamp: TS, ahead: 301, tolerance: 300 }));
+        assert_eq!(at(TS, 0), Ok(()));
+        assert_eq!(at(TS, -5), Ok(()));
+        assert!(at(TS + 1, -5).is_err());
+        // Extreme values neither overflow nor panic.
+        assert!(verify(&s, MSG_ID, i64::MIN, BODY, EXPECTED, i64::MAX, i64::MAX).is_err());
+        assert!(verify(&s, MSG_ID, i64::MAX, BODY, EXPECTED, i64::MIN, 300).is_err());
+        assert_eq!(
+            at(TS + 1000, 300).unwrap_err().to_string(),
+            "webhook-timestamp 1614265330 is 1000 s in the past, more than the 300 s tolerance"
+        );
+    }
+
+    #[test]
+    fn header_parsing() {
+        let s = secret();
+        let v = |h: &str| verify(&s, MSG_ID, TS, BODY, h, TS, 300);
+        assert_eq!(v(""), Err(VerifyError::NoSignatures));
+        assert_eq!(v("   "), Err(VerifyError::NoSignatures));
+        assert_eq!(v("v2,abc v1a,xyz"), Err(VerifyError::NoSupportedVersion));
+        assert_eq!(v("v1,AAAA"), Err(VerifyError::Mismatch));
+        assert_eq!(v("v1,not*base64"), Err(VerifyError::Malformed));
+        assert_eq!(v("garbage"), Err(VerifyError::Malformed));
+        assert_eq!(v("v1"), Err(VerifyError::Malformed));
+        // Unknown versions and extra spaces around a valid entry are fine.
+        assert_eq!(v(&format!("v2,abc  {EXPECTED} v1a,zzz")), Ok(()));
+        assert_eq!(v(&format!(" {EXPECTED} ")), Ok(()));
+        // Unpadded is accepted too.
+        assert_eq!(v(EXPECTED.trim_end_matches('=')), Ok(()));
+        // A valid v1 entry wins over junk next to it: the sender proved it holds the key.
+        assert_eq!(v(&format!("junk v1,%%% {EXPECTED}")), Ok(()));
+        // A different version label with the right signature is not a v1 signature.
+        assert_eq!(v(&EXPECTED.replacen("v1", "v2", 1)), Err(VerifyError::NoSupportedVersion));
+        assert_eq!(v(&EXPECTED.replacen("v1", "V1", 1)), Err(VerifyError::NoSupportedVersion));
+    }
+
+    /// Random headers built from the characters that matter (and arbitrary bytes made into
+    /// text) never panic and never verify.
+    #[test]
+    fn random_headers_never_panic_or_verify() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let s = secret();
+        let pieces = ["v1", ",", " ", "=", "g0hM9SsE", "+/", "v2", "\u{0}", "é", "AAAA", "v1,", ",,"];
+        for _ in 0..5_000 {
+            let header: String = if rng.random_bool(0.5) {
+                (0..rng.random_range(0..12)).map(|_| pieces[rng.random_range(0..pieces.len())]).collect()
+            } else {
+                let bytes: Vec<u8> = (0..rng.random_range(0..80)).map(|_| rng.random()).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            };
+            assert!(verify(&s, MSG_ID, TS, BODY, &header, TS, 300).is_err(), "seed {seed}: {header:?}");
+        }
+    }
+
+    /// Signing and verifying agree for random ids, timestamps, bodies and secrets.
+    #[test]
+    fn random_round_trips() {
+        let seed: u64 = rand::random();
+        let mut rng = StdRng::seed_from_u64(seed);
+        for _ in 0..500 {
+            let secrets: Vec<EndpointSecret> = (0..rng.random_range(1..4)).map(|_| EndpointSecret::generate()).collect();
+            let id = format!("msg_{}", rng.random::<u64>());
+            let ts: i64 = rng.random_range(0..4_000_000_000);
+            let body: Vec<u8> = (0..rng.random_range(0..300)).map(|_| rng.random()).collect();
+            let header = signature_header(&secrets, &id, ts, &body);
+            assert_eq!(header.split(' ').count(), secrets.len());
+            for s in &secrets {
+                assert_eq!(verify(s, &id, ts, &body, &header, ts + 10, 300), Ok(()), "seed {seed}");
+            }
+            let mut tampered = body.clone();
+            tampered.push(b'x');
+            assert_eq!(verify(&secrets[0], &id, ts, &tampered, &header, ts, 300), Err(VerifyError::Mismatch), "seed {seed}");
+        }
+    }
+}
