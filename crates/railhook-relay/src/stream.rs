@@ -116,6 +116,7 @@ pub async fn stream(
     let mut in_flight = FuturesUnordered::new();
     let mut commit_lsn = Lsn::ZERO;
     let mut stopping = false;
+    let mut reported = start;
 
     loop {
         let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT;
@@ -189,8 +190,12 @@ pub async fn stream(
             }
         }
         let confirmed = progress.confirmed();
-        client.update_applied_lsn(pgwire_replication::Lsn::from_u64(confirmed.0));
-        stats.confirmed_lsn.store(confirmed.0, std::sync::atomic::Ordering::Relaxed);
+        if confirmed > reported {
+            // Only raises wake the replication worker.
+            client.update_applied_lsn(pgwire_replication::Lsn::from_u64(confirmed.0));
+            stats.confirmed_lsn.store(confirmed.0, std::sync::atomic::Ordering::Relaxed);
+            reported = confirmed;
+        }
         if stopping && in_flight.is_empty() {
             break;
         }
