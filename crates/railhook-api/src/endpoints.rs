@@ -20,10 +20,10 @@ use railhook_core::signing::EndpointSecret;
 use railhook_core::EndpointId;
 use railhook_store::endpoints::{self, Endpoint, EndpointChanges, EndpointHeaders, NewEndpoint, PreviousSecret};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, ApiJson, Project};
+use crate::extract::{not_null, present, parse_id, ApiJson, Project};
 use crate::pagination::{page, List, PageParams};
 use crate::AppState;
 
@@ -56,20 +56,6 @@ const RESERVED_HEADERS: [&str; 16] = [
     "x-sequence-number",
 ];
 
-/// For PATCH bodies: tells an absent field (`None`) from an explicit `null` (`Some(None)`).
-/// Use with `#[serde(default, deserialize_with = "present")]`.
-pub fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
-}
-
-/// A PATCH field that may be absent but not `null`.
-pub fn not_null<T>(field: &'static str, value: Option<Option<T>>) -> Result<Option<T>, ApiError> {
-    match value {
-        Some(None) => Err(ApiError::invalid(field, format!("{field} cannot be null; leave it out to keep its value"))),
-        Some(Some(v)) => Ok(Some(v)),
-        None => Ok(None),
-    }
-}
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -354,14 +340,7 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
 /// A JSON body that may also be left out entirely (no body, no `Content-Type`): then
 /// `T::default()`. A body that is there goes through [`ApiJson`], with its errors.
 async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is larger than the limit (api.max_body_bytes)")
-                .with_field("body")
-        } else {
-            ApiError::bad_request("invalid_body", format!("cannot read the body: {e}")).with_field("body")
-        }
-    })?;
+    let bytes = body.map_err(crate::extract::body_rejection)?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

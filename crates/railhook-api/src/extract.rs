@@ -11,6 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use hmac::Mac;
 use railhook_store::tenancy::{self, Principal};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -86,7 +87,7 @@ fn is_json(headers: &HeaderMap) -> bool {
         .unwrap_or(false)
 }
 
-fn body_rejection(e: BytesRejection) -> ApiError {
+pub fn body_rejection(e: BytesRejection) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is larger than the limit (api.max_body_bytes)")
             .with_field("body")
@@ -154,4 +155,19 @@ fn credential(headers: &HeaderMap) -> Option<&str> {
         return scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim()).filter(|s| !s.is_empty());
     }
     headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// For PATCH bodies: tells an absent field (`None`) from an explicit `null` (`Some(None)`).
+/// Use with `#[serde(default, deserialize_with = "present")]`.
+pub fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// A PATCH field that may be absent but not `null`.
+pub fn not_null<T>(field: &'static str, value: Option<Option<T>>) -> Result<Option<T>, ApiError> {
+    match value {
+        Some(None) => Err(ApiError::invalid(field, format!("{field} cannot be null; leave it out to keep its value"))),
+        Some(Some(v)) => Ok(Some(v)),
+        None => Ok(None),
+    }
 }

@@ -9,7 +9,7 @@ use railhook_core::{EndpointId, SubscriptionId};
 use railhook_store::subscriptions::{self, NewSubscription, Subscription, SubscriptionChanges};
 use serde::Deserialize;
 
-use crate::endpoints::{not_null, present};
+use crate::extract::{not_null, present};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::{page, List, PageParams};
