@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod outbox;
 pub mod pgoutput;
+pub mod poll;
 pub mod progress;
 pub mod setup;
 pub mod stream;

@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+pub mod kafka;
+
 use railhook_config::Config;
 use railhook_store::Migrator;
 use tokio_postgres::{Client, NoTls};
