@@ -111,6 +111,8 @@ pub struct RelayConfig {
     pub status_interval_ms: u64,
     /// Relayed outbox rows older than this are deleted.
     pub outbox_retention_seconds: u64,
+    /// How often the relay deletes expired outbox rows (in batches of 5000).
+    pub outbox_cleanup_interval_ms: u64,
     /// Address of the relay's own /metrics, /healthz and /readyz when run alone.
     pub ops_listen: SocketAddr,
 }
@@ -208,6 +210,7 @@ impl Default for RelayConfig {
             recreate_lost_slot: true,
             status_interval_ms: 1_000,
             outbox_retention_seconds: 3_600,
+            outbox_cleanup_interval_ms: 10_000,
             ops_listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
         }
     }
@@ -363,6 +366,9 @@ impl Config {
         }
         if self.relay.status_interval_ms == 0 || self.relay.status_interval_ms > 30_000 {
             problems.push("relay.status_interval_ms must be between 1 and 30000 (well inside wal_sender_timeout, 60 s by default)".into());
+        }
+        if self.relay.outbox_cleanup_interval_ms == 0 {
+            problems.push("relay.outbox_cleanup_interval_ms must be at least 1".into());
         }
         if self.worker.max_in_flight == 0 {
             problems.push("worker.max_in_flight must be at least 1".into());

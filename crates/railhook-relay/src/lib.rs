@@ -7,17 +7,23 @@
 //! [`stream`] is the loop.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use railhook_config::Config;
+use railhook_config::{Config, RelayMode};
+use rdkafka::producer::FutureProducer;
 use tokio_util::sync::CancellationToken;
 
+pub mod health;
 pub mod outbox;
 pub mod pgoutput;
 pub mod poll;
 pub mod progress;
+pub mod reannounce;
+pub mod retention;
 pub mod setup;
 pub mod stream;
 
+pub use health::RelayMetrics;
 pub use stream::RelayStats;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,17 +56,192 @@ impl RelayError {
     }
 }
 
-/// Checks the server, creates what is missing, and streams until `shutdown`.
-pub async fn run(config: Arc<Config>, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let (client, connection) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls).await?;
-    let conn = tokio::spawn(connection);
-    let slot = setup::prepare(&client, &config.relay).await?;
-    drop(client);
-    conn.abort();
-    railhook_kafka::ensure_topics(&config.kafka, &[config.deliveries_topic(), config.forwards_topic()]).await?;
+/// Whether an error ends the relay (the operator must act) or is retried from the slot.
+impl RelayError {
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, RelayError::Misconfigured(_) | RelayError::SlotLost(_) | RelayError::Decode(_) | RelayError::Row(_))
+    }
+
+    fn is_slot_in_use(&self) -> bool {
+        matches!(self, RelayError::Replication(m) if m.contains("is active for PID"))
+    }
+}
+
+/// Runs the relay in the configured mode until `shutdown`: the CDC supervisor or the poller,
+/// plus the slot-health sampler and the outbox cleanup.
+pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
+    let background = shutdown.child_token();
+    let every = Duration::from_secs(5).min(Duration::from_millis(config.relay.status_interval_ms * 5));
+    let poll_mode = config.relay.mode == RelayMode::Poll;
+    let mut tasks = tokio::task::JoinSet::new();
+    if !poll_mode {
+        tasks.spawn(health::sample_loop(config.database.url.clone(), metrics.clone(), config.relay.slot_name.clone(), every, background.clone()));
+    }
+    tasks.spawn(retention::cleanup_loop(
+        config.database.url.clone(),
+        Duration::from_secs(config.relay.outbox_retention_seconds),
+        Duration::from_millis(config.relay.outbox_cleanup_interval_ms),
+        poll_mode,
+        background.clone(),
+    ));
+    let result = match config.relay.mode {
+        RelayMode::Cdc => supervise(config, metrics, shutdown).await,
+        RelayMode::Poll => match connect_producer(&config, &shutdown).await? {
+            Some(p) => poll::run(config, p, metrics.stats.clone(), shutdown).await,
+            None => Ok(()),
+        },
+    };
+    background.cancel();
+    while tasks.join_next().await.is_some() {}
+    result
+}
+
+/// Topics exist and an idempotent producer is built; retried until Kafka answers or
+/// `shutdown` (then `None`).
+async fn connect_producer(config: &Config, shutdown: &CancellationToken) -> Result<Option<FutureProducer>, RelayError> {
+    let topics = [config.deliveries_topic(), config.forwards_topic()];
+    let mut backoff = Backoff::new();
+    loop {
+        match railhook_kafka::ensure_topics(&config.kafka, &topics).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: Kafka not ready, retrying");
+                if !backoff.wait(shutdown).await {
+                    return Ok(None);
+                }
+            }
+        }
+    }
     let mut producer_config = railhook_kafka::idempotent_producer_config(&config.kafka, stream::MAX_IN_FLIGHT);
     // Kafka being down must delay messages, never fail them: the slot holds them meanwhile.
     producer_config.set("message.timeout.ms", "0");
-    let producer = producer_config.create().map_err(railhook_kafka::KafkaError::from)?;
-    stream::stream(config, producer, slot.confirmed_flush, stats, shutdown).await
+    Ok(Some(producer_config.create().map_err(railhook_kafka::KafkaError::from)?))
+}
+
+/// Exponential backoff from 250 ms to 10 s; `wait` returns false on shutdown.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_millis(250))
+    }
+
+    fn reset(&mut self) {
+        self.0 = Duration::from_millis(250);
+    }
+
+    async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(10));
+        tokio::select! {
+            _ = shutdown.cancelled() => false,
+            _ = tokio::time::sleep(d) => true,
+        }
+    }
+}
+
+/// The CDC supervisor: set up, wait as a standby while another relay holds the slot, stream,
+/// and start over from the slot after any error that is not fatal. A lost or dropped slot is
+/// recreated (when `relay.recreate_lost_slot`) and what is still PENDING re-announced.
+async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
+    let Some(mut producer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+    let mut known = false;
+    let mut waiting_since: Option<Instant> = None;
+    let mut backoff = Backoff::new();
+    let standby_poll = Duration::from_millis(config.relay.status_interval_ms.min(1_000));
+    while !shutdown.is_cancelled() {
+        let attempt: Result<setup::SlotState, RelayError> = async {
+            let (client, connection) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls).await?;
+            let conn = tokio::spawn(connection);
+            let state = setup::prepare(&client, &config.relay, setup::SlotPolicy::from_config(&config.relay, known)).await;
+            let state = match state {
+                Ok(s) => s,
+                Err(e) => {
+                    conn.abort();
+                    return Err(e);
+                }
+            };
+            if state.recovered {
+                metrics.slot_lost.inc();
+            }
+            if state.created {
+                let n = reannounce::reannounce_pending(&client).await?;
+                if n.deliveries + n.forwards > 0 || state.recovered {
+                    tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
+                }
+            }
+            conn.abort();
+            Ok(state)
+        }
+        .await;
+        let state = match attempt {
+            Ok(s) => s,
+            Err(e) if e.is_fatal() => {
+                if matches!(e, RelayError::SlotLost(_)) {
+                    metrics.slot_lost.inc();
+                }
+                tracing::error!(error = %e, "relay stopped");
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "relay setup failed, retrying");
+                backoff.wait(&shutdown).await;
+                continue;
+            }
+        };
+        known = true;
+        if let Some(pid) = state.active_pid {
+            if waiting_since.is_none() {
+                tracing::info!(slot = %config.relay.slot_name, active_pid = pid, "slot is active in another relay: waiting as standby");
+                waiting_since = Some(Instant::now());
+            }
+            metrics.standby.set(1);
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(standby_poll) => {}
+            }
+            continue;
+        }
+        let started = Instant::now();
+        let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), shutdown.clone()).await;
+        match result {
+            Ok(()) => {
+                metrics.standby.set(0);
+                return Ok(());
+            }
+            Err(e) if e.is_slot_in_use() => {
+                // Another relay took the slot between the check and START_REPLICATION.
+                if waiting_since.is_none() {
+                    tracing::info!(slot = %config.relay.slot_name, "slot is active in another relay: waiting as standby");
+                    waiting_since = Some(Instant::now());
+                }
+                metrics.standby.set(1);
+                backoff.wait(&shutdown).await;
+                continue;
+            }
+            Err(e) if e.is_fatal() => {
+                tracing::error!(error = %e, "relay stopped");
+                return Err(e);
+            }
+            Err(e) => {
+                if let Some(since) = waiting_since.take() {
+                    tracing::info!(waited_ms = since.elapsed().as_millis() as u64, "standby took over the slot");
+                }
+                metrics.standby.set(0);
+                tracing::warn!(error = %e, "relay stream failed; resuming from the slot");
+                if matches!(e, RelayError::Produce(_)) {
+                    // A fatal producer state (e.g. an idempotence violation) needs a new producer.
+                    match connect_producer(&config, &shutdown).await? {
+                        Some(p) => producer = p,
+                        None => return Ok(()),
+                    }
+                }
+                if started.elapsed() > Duration::from_secs(30) {
+                    backoff.reset();
+                }
+                backoff.wait(&shutdown).await;
+            }
+        }
+    }
+    Ok(())
 }

@@ -12,10 +12,38 @@ use crate::RelayError;
 #[derive(Debug, Clone)]
 pub struct SlotState {
     pub confirmed_flush: Lsn,
+    /// The slot was created (or recreated) by this call: what was committed before it is
+    /// not in its stream, so the caller re-announces what is still PENDING.
     pub created: bool,
+    /// The slot was lost or had vanished after this process streamed from it.
+    pub recovered: bool,
+    /// The backend of the walsender streaming from the slot, when one is.
+    pub active_pid: Option<i32>,
 }
 
-pub async fn prepare(client: &Client, config: &RelayConfig) -> Result<SlotState, RelayError> {
+/// What [`prepare`] may do about the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotPolicy {
+    /// Create the slot when it is missing (`relay.create_slot`).
+    pub create_missing: bool,
+    /// This process streamed from the slot before, so a missing slot was dropped.
+    pub known: bool,
+    /// Drop and recreate a lost slot, recreate a dropped one (`relay.recreate_lost_slot`).
+    pub recreate_lost: bool,
+}
+
+impl SlotPolicy {
+    pub fn from_config(config: &RelayConfig, known: bool) -> SlotPolicy {
+        SlotPolicy { create_missing: config.create_slot, known, recreate_lost: config.recreate_lost_slot }
+    }
+}
+
+async fn create_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
+    let row = client.query_one("SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot]).await?;
+    Ok(row.get(0))
+}
+
+pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
     let facts = server_facts(client).await?;
     facts.check_logical_replication().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
 
@@ -60,41 +88,54 @@ pub async fn prepare(client: &Client, config: &RelayConfig) -> Result<SlotState,
 
     let slot = client
         .query_opt(
-            "SELECT plugin, confirmed_flush_lsn::text, wal_status, database = current_database() FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT plugin, confirmed_flush_lsn::text, wal_status, database = current_database(), active_pid FROM pg_replication_slots WHERE slot_name = $1",
             &[&config.slot_name],
         )
         .await?;
-    let (confirmed, created) = match slot {
-        None if config.create_slot => {
-            let row = client
-                .query_one("SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.slot_name])
-                .await?;
-            tracing::info!(slot = %config.slot_name, "created replication slot");
-            (row.get::<_, String>(0), true)
+    let name = &config.slot_name;
+    let (confirmed, created, recovered, active_pid) = match slot {
+        None if policy.known && policy.recreate_lost => {
+            tracing::error!(slot = %name, "replication slot vanished (dropped?): recreating it and re-announcing what is still PENDING");
+            (create_slot(client, name).await?, true, true, None)
+        }
+        None if policy.known => return Err(RelayError::SlotLost(name.clone())),
+        None if policy.create_missing => {
+            let lsn = create_slot(client, name).await?;
+            tracing::info!(slot = %name, "created replication slot");
+            (lsn, true, false, None)
         }
         None => {
             return Err(RelayError::Misconfigured(format!(
-                "replication slot {0} does not exist: SELECT pg_create_logical_replication_slot('{0}', 'pgoutput'), or set relay.create_slot = true",
-                config.slot_name
+                "replication slot {name} does not exist: SELECT pg_create_logical_replication_slot('{name}', 'pgoutput'), or set relay.create_slot = true"
             )))
         }
         Some(row) => {
             let plugin: String = row.get(0);
             if plugin != "pgoutput" {
                 return Err(RelayError::Misconfigured(format!(
-                    "slot {} uses plugin {plugin}, not pgoutput: drop it (railhook slot drop) and let the relay recreate it",
-                    config.slot_name
+                    "slot {name} uses plugin {plugin}, not pgoutput: drop it (railhook slot drop --confirm) and let the relay recreate it"
                 )));
             }
             if !row.get::<_, bool>(3) {
-                return Err(RelayError::Misconfigured(format!("slot {} belongs to another database", config.slot_name)));
+                return Err(RelayError::Misconfigured(format!("slot {name} belongs to another database")));
             }
+            let active_pid: Option<i32> = row.get(4);
             if row.get::<_, Option<String>>(2).as_deref() == Some("lost") {
-                return Err(RelayError::SlotLost(config.slot_name.clone()));
+                if !policy.recreate_lost {
+                    return Err(RelayError::SlotLost(name.clone()));
+                }
+                if active_pid.is_some() {
+                    // Another relay still holds the invalidated slot; it will notice and stop.
+                    return Err(RelayError::Replication(format!("slot {name} is lost but still active for PID {active_pid:?}")));
+                }
+                tracing::error!(slot = %name, "replication slot is lost (wal_status 'lost'): dropping and recreating it, then re-announcing what is still PENDING");
+                client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await?;
+                (create_slot(client, name).await?, true, true, None)
+            } else {
+                (row.get::<_, Option<String>>(1).unwrap_or_else(|| "0/0".into()), false, false, active_pid)
             }
-            (row.get::<_, Option<String>>(1).unwrap_or_else(|| "0/0".into()), false)
         }
     };
     let confirmed_flush = confirmed.parse().map_err(|e| RelayError::Misconfigured(format!("slot LSN: {e}")))?;
-    Ok(SlotState { confirmed_flush, created })
+    Ok(SlotState { confirmed_flush, created, recovered, active_pid })
 }

@@ -90,8 +90,8 @@ pub fn announcement(config: &Config, row: &OutboxRow) -> (String, String, Vec<u8
     (topic, key, serde_json::to_vec(&value).unwrap_or_default())
 }
 
-/// Counts the relay exposes; shared with the metrics layer.
-#[derive(Debug, Default)]
+/// Counts the relay exposes; shared with the metrics layer ([`crate::health::RelayMetrics`]).
+#[derive(Debug)]
 pub struct RelayStats {
     /// Outbox inserts read from the stream and handed to the producer.
     pub read: std::sync::atomic::AtomicU64,
@@ -99,6 +99,28 @@ pub struct RelayStats {
     pub produced: std::sync::atomic::AtomicU64,
     pub produce_errors: std::sync::atomic::AtomicU64,
     pub confirmed_lsn: std::sync::atomic::AtomicU64,
+    /// From the commit of an outbox insert to Kafka's acknowledgement.
+    pub commit_to_ack: prometheus::Histogram,
+}
+
+impl Default for RelayStats {
+    fn default() -> Self {
+        RelayStats {
+            read: Default::default(),
+            produced: Default::default(),
+            produce_errors: Default::default(),
+            confirmed_lsn: Default::default(),
+            commit_to_ack: crate::health::commit_to_ack_histogram(),
+        }
+    }
+}
+
+/// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
+const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
+    ((now - PG_EPOCH_UNIX_MICROS - pg_micros).max(0) as f64) / 1e6
 }
 
 /// Streams from `start` until `shutdown`, then drains in-flight messages and confirms them.
@@ -115,6 +137,7 @@ pub async fn stream(
     let mut relations = Relations::default();
     let mut in_flight = FuturesUnordered::new();
     let mut commit_lsn = Lsn::ZERO;
+    let mut commit_time = 0i64;
     let mut stopping = false;
     let mut reported = start;
 
@@ -122,11 +145,12 @@ pub async fn stream(
         let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT;
         tokio::select! {
             biased;
-            Some((ticket, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                let (ticket, result): (Ticket, Result<(), String>) = (ticket, result);
+            Some((ticket, committed, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                let (ticket, committed, result): (Ticket, i64, Result<(), String>) = (ticket, committed, result);
                 match result {
                     Ok(()) => {
                         progress.acked(ticket);
+                        stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
                         stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     Err(e) => {
@@ -144,12 +168,16 @@ pub async fn stream(
             event = client.recv(), if reading => {
                 match event.map_err(RelayError::from_replication)? {
                     None => return Err(RelayError::StreamEnded),
-                    Some(ReplicationEvent::Begin { final_lsn, .. }) => {
+                    Some(ReplicationEvent::Begin { final_lsn, commit_time_micros, .. }) => {
                         commit_lsn = Lsn(final_lsn.as_u64());
+                        commit_time = commit_time_micros;
                         progress.begin();
                     }
                     Some(ReplicationEvent::Commit { end_lsn, .. }) => progress.commit(Lsn(end_lsn.as_u64())),
                     Some(ReplicationEvent::KeepAlive { wal_end, .. }) => progress.idle_at(Lsn(wal_end.as_u64())),
+                    // A non-transactional logical message (the heartbeat of
+                    // [`crate::health::sample_loop`]) is a WAL position like a keepalive's.
+                    Some(ReplicationEvent::Message { transactional: false, lsn, .. }) => progress.idle_at(Lsn(lsn.as_u64())),
                     Some(ReplicationEvent::Message { .. }) => {}
                     Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
                     Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
@@ -175,13 +203,14 @@ pub async fn stream(
                                     Err((e, _)) => return Err(RelayError::Produce(e.to_string())),
                                 }
                             };
+                            let committed = commit_time;
                             in_flight.push(async move {
                                 let result = match delivery.await {
                                     Ok(Ok(_)) => Ok(()),
                                     Ok(Err((e, _))) => Err(e.to_string()),
                                     Err(_) => Err("producer dropped the message".to_string()),
                                 };
-                                (ticket, result)
+                                (ticket, committed, result)
                             });
                         }
                         Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
@@ -201,7 +230,12 @@ pub async fn stream(
         }
     }
     let flush_started = Instant::now();
-    producer.flush(Duration::from_secs(30)).map_err(|e| RelayError::Produce(e.to_string()))?;
+    // Nothing is in flight any more; the flush is quick, but it blocks, so not on this thread.
+    let flushing = producer.clone();
+    tokio::task::spawn_blocking(move || flushing.flush(Duration::from_secs(30)))
+        .await
+        .map_err(|e| RelayError::Produce(e.to_string()))?
+        .map_err(|e| RelayError::Produce(e.to_string()))?;
     client.shutdown().await.map_err(RelayError::from_replication)?;
     tracing::info!(confirmed = %progress.confirmed(), flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped");
     Ok(())

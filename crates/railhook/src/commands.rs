@@ -9,7 +9,7 @@ use railhook_config::Config;
 use railhook_core::{OrganizationId, ProjectId};
 use railhook_store::tenancy;
 use railhook_store::Migrator;
-use railhook_telemetry::Metrics;
+use railhook_telemetry::{Metrics, Ops, ReadyCheck};
 use tokio_util::sync::CancellationToken;
 
 async fn connect(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
@@ -99,7 +99,141 @@ pub async fn api(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn relay_metrics(metrics: &Metrics) -> anyhow::Result<railhook_relay::RelayMetrics> {
+    let relay = railhook_relay::RelayMetrics::new(Arc::new(railhook_relay::RelayStats::default()));
+    relay.register(metrics.registry())?;
+    Ok(relay)
+}
+
+type CheckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// `/readyz` of the relay: Postgres and Kafka must answer.
+fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
+    let pg = config.clone();
+    let kafka = config.clone();
+    vec![
+        (
+            "postgres",
+            Arc::new(move || -> CheckFuture {
+                let url = pg.database.url.clone();
+                Box::pin(async move {
+                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
+                    tokio::spawn(conn);
+                    client.simple_query("SELECT 1").await.map(|_| ()).map_err(|e| e.to_string())
+                })
+            }) as ReadyCheck,
+        ),
+        (
+            "kafka",
+            Arc::new(move || -> CheckFuture {
+                let kafka = kafka.kafka.clone();
+                Box::pin(async move {
+                    railhook_kafka::check_reachable(&kafka, std::time::Duration::from_secs(2)).await.map(|_| ()).map_err(|e| e.to_string())
+                })
+            }) as ReadyCheck,
+        ),
+    ]
+}
+
+pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config);
+    let metrics = Metrics::new();
+    let relay_metrics = relay_metrics(&metrics)?;
+    let listen = config.relay.ops_listen;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding relay.ops_listen {listen}"))?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    let ops = railhook_telemetry::ops_router(Ops::new(metrics, relay_checks(&config)));
+    let server = tokio::spawn(railhook_telemetry::serve(listener, ops, shutdown.clone()));
+    let result = railhook_relay::run(config, relay_metrics, shutdown.clone()).await;
+    shutdown.cancel();
+    server.await??;
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
-    tracing::warn!("railhook all runs the API only: the relay and the worker are not built yet");
-    api(config).await
+    tracing::warn!("railhook all runs the API and the relay: the worker is not built yet");
+    let metrics = Metrics::new();
+    let relay_metrics = relay_metrics(&metrics)?;
+    let listen = config.api.listen;
+    let state = api_state(config, metrics).await?;
+    let config = state.config.clone();
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    let api = tokio::spawn(railhook_api::run(state, listener, shutdown.clone()));
+    let relay = railhook_relay::run(config, relay_metrics, shutdown.clone()).await;
+    // A relay that stopped on its own (fatal error) takes the process down with it.
+    shutdown.cancel();
+    api.await??;
+    relay?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn slot_status(config: &Config, json: bool, max_inactive: u64) -> anyhow::Result<ExitCode> {
+    let client = connect(config).await?;
+    let slot = &config.relay.slot_name;
+    let started = std::time::Instant::now();
+    let mut health = railhook_relay::health::slot_health(&client, slot).await?;
+    while health.exists && !health.is_lost() && !health.active && started.elapsed().as_secs() < max_inactive {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        health = railhook_relay::health::slot_health(&client, slot).await?;
+    }
+    let (code, verdict) = if !health.exists {
+        (3, format!("slot {slot} does not exist"))
+    } else if health.is_lost() {
+        (4, format!("slot {slot} is lost (wal_status 'lost'): its WAL was removed; the relay recreates it when relay.recreate_lost_slot = true"))
+    } else if !health.active {
+        (5, format!("slot {slot} has had no relay streaming from it for {max_inactive} s"))
+    } else {
+        (0, format!("slot {slot} is healthy"))
+    };
+    if json {
+        let mut value = serde_json::to_value(&health)?;
+        value["healthy"] = serde_json::Value::Bool(code == 0);
+        value["verdict"] = serde_json::Value::String(verdict.clone());
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+        println!("slot                      {slot}");
+        println!("exists                    {}", health.exists);
+        println!("plugin                    {}", health.plugin.as_deref().unwrap_or("-"));
+        println!("active                    {} (pid {})", health.active, health.active_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()));
+        println!("wal_status                {}", health.wal_status);
+        println!("lag_bytes                 {}", opt(health.lag_bytes));
+        println!("retained_bytes            {}", opt(health.retained_bytes));
+        println!("safe_wal_size_bytes       {}", opt(health.safe_wal_size_bytes));
+        println!("max_slot_wal_keep_size    {}", health.max_slot_wal_keep_size_bytes);
+        println!(
+            "last_feedback_age_s       {}",
+            health.last_feedback_age_seconds.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
+        );
+        println!("confirmed_flush_lsn       {}", health.confirmed_flush_lsn.as_deref().unwrap_or("-"));
+        println!("restart_lsn               {}", health.restart_lsn.as_deref().unwrap_or("-"));
+        println!("current_wal_lsn           {}", health.current_wal_lsn);
+    }
+    eprintln!("{verdict}");
+    Ok(ExitCode::from(code))
+}
+
+pub async fn slot_drop(config: &Config, confirm: bool) -> anyhow::Result<ExitCode> {
+    let slot = &config.relay.slot_name;
+    if !confirm {
+        eprintln!("dropping slot {slot} releases its WAL and cannot be undone; run again with --confirm");
+        return Ok(ExitCode::from(2));
+    }
+    let client = connect(config).await?;
+    let health = railhook_relay::health::slot_health(&client, slot).await?;
+    if !health.exists {
+        eprintln!("slot {slot} does not exist; nothing dropped");
+        return Ok(ExitCode::from(3));
+    }
+    if health.active {
+        eprintln!("slot {slot} is in use by PID {}: stop the relay first", health.active_pid.unwrap_or_default());
+        return Ok(ExitCode::from(4));
+    }
+    client.execute("SELECT pg_drop_replication_slot($1)", &[slot]).await.with_context(|| format!("dropping slot {slot}"))?;
+    println!("dropped slot {slot}; publication {} is left in place (DROP PUBLICATION {} to remove it)", config.relay.publication_name, config.relay.publication_name);
+    Ok(ExitCode::SUCCESS)
 }

@@ -45,15 +45,18 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
-    /// Run the CDC relay (outbox from the WAL to Kafka). Not built yet.
+    /// Run the relay: outbox inserts from the WAL (logical slot, pgoutput) to Kafka, with
+    /// /metrics, /healthz and /readyz on relay.ops_listen. A second relay on the same slot
+    /// waits as a standby and takes over when the active one dies.
     Relay {
-        /// cdc (replication slot) or poll (the 1 s polling baseline).
+        /// cdc (replication slot) or poll (the 1 s polling baseline); overrides relay.mode.
         #[arg(long, value_name = "MODE")]
         mode: Option<String>,
     },
     /// Run the delivery worker (Kafka consumer, Attempt Runner, retries, sweeps). Not built yet.
     Worker,
-    /// Run every built component in one process (today: the API).
+    /// Run every built component in one process (today: the API and the relay); metrics
+    /// of both on the API's /metrics.
     All {
         /// API listen address; overrides api.listen.
         #[arg(long, value_name = "ADDR")]
@@ -61,7 +64,7 @@ enum Command {
     },
     /// Apply the SQL migrations in migrations/ that the database has not seen, in order.
     Migrate,
-    /// Inspect the logical replication slot. Not built yet.
+    /// Inspect or decommission the relay's logical replication slot.
     Slot {
         #[command(subcommand)]
         command: SlotCommand,
@@ -80,8 +83,25 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum SlotCommand {
-    /// Print lag, retained WAL and state of the relay's slot. Not built yet.
-    Status,
+    /// Print lag, retained WAL and state of the relay's slot. Exits 0 when healthy, 3 when
+    /// the slot is missing, 4 when it is lost, 5 when no relay streamed from it for
+    /// --max-inactive seconds.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// How long an inactive slot is watched (sampled each second) before it counts as
+        /// unhealthy; 0 reports an inactive slot at once.
+        #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+        max_inactive: u64,
+    },
+    /// Drop the slot (decommission: its WAL is released and the relay will create a new one,
+    /// re-announcing what is still PENDING). Refuses while a relay streams from it.
+    Drop {
+        /// Required: dropping the slot is not undoable.
+        #[arg(long)]
+        confirm: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -157,11 +177,8 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
         eprintln!("railhook {what} is not built yet ({issue}); nothing was started.");
         Ok(ExitCode::from(2))
     };
-    match cli.command {
-        Command::Relay { .. } => return not_built("relay", "the CDC relay issue"),
-        Command::Worker => return not_built("worker", "the delivery worker issue"),
-        Command::Slot { command: SlotCommand::Status } => return not_built("slot status", "the CDC relay issue"),
-        _ => {}
+    if let Command::Worker = cli.command {
+        return not_built("worker", "the delivery worker issue");
     }
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -170,6 +187,9 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Migrate => commands::migrate(&config).await,
             Command::Api { .. } => commands::api(config).await,
             Command::All { .. } => commands::all(config).await,
+            Command::Relay { .. } => commands::relay(config).await,
+            Command::Slot { command: SlotCommand::Status { json, max_inactive } } => commands::slot_status(&config, json, max_inactive).await,
+            Command::Slot { command: SlotCommand::Drop { confirm } } => commands::slot_drop(&config, confirm).await,
             Command::Admin { command } => match command {
                 AdminCommand::CreateOrg { name } => commands::admin_create_org(&config, &name).await,
                 AdminCommand::CreateProject { org, name } => commands::admin_create_project(&config, &org, &name).await,
