@@ -320,9 +320,9 @@ mod tests {
         assert!(text.contains("railhook_relay_last_feedback_age_seconds{slot=\"s\"} 1.5"));
         metrics.observe(&sample("lost"));
         let families = registry.gather();
-        let wal = families.iter().find(|f| f.name() == "railhook_relay_slot_wal_status").unwrap();
-        let ones: Vec<_> = wal.get_metric().iter().filter(|m| m.get_gauge().value() == 1.0).collect();
+        let wal = families.iter().find(|f| f.get_name() == "railhook_relay_slot_wal_status").unwrap();
+        let ones: Vec<_> = wal.get_metric().iter().filter(|m| m.get_gauge().get_value() == 1.0).collect();
         assert_eq!(ones.len(), 1);
-        assert!(ones[0].get_label().iter().any(|l| l.value() == "lost"));
+        assert!(ones[0].get_label().iter().any(|l| l.get_value() == "lost"));
     }
 }

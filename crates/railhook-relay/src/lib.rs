@@ -146,6 +146,8 @@ impl Backoff {
 async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
     let Some(mut producer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
     let mut known = false;
+    // Set when this process created the slot; cleared once the re-announcement succeeded.
+    let mut needs_reannounce = false;
     let mut waiting_since: Option<Instant> = None;
     let mut backoff = Backoff::new();
     let standby_poll = Duration::from_millis(config.relay.status_interval_ms.min(1_000));
@@ -163,12 +165,6 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
             };
             if state.recovered {
                 metrics.slot_lost.inc();
-            }
-            if state.created {
-                let n = reannounce::reannounce_pending(&client).await?;
-                if n.deliveries + n.forwards > 0 || state.recovered {
-                    tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
-                }
             }
             conn.abort();
             Ok(state)
@@ -190,6 +186,9 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
             }
         };
         known = true;
+        if state.created {
+            needs_reannounce = true;
+        }
         if let Some(pid) = state.active_pid {
             if waiting_since.is_none() {
                 tracing::info!(slot = %config.relay.slot_name, active_pid = pid, "slot is active in another relay: waiting as standby");
@@ -203,7 +202,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
             continue;
         }
         let started = Instant::now();
-        let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), shutdown.clone()).await;
+        let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
         match result {
             Ok(()) => {
                 metrics.standby.set(0);

@@ -101,6 +101,8 @@ pub struct RelayStats {
     pub confirmed_lsn: std::sync::atomic::AtomicU64,
     /// From the commit of an outbox insert to Kafka's acknowledgement.
     pub commit_to_ack: prometheus::Histogram,
+    /// The current stream returned its liveness marker (see [`stream`]).
+    pub live: std::sync::atomic::AtomicBool,
 }
 
 impl Default for RelayStats {
@@ -111,8 +113,21 @@ impl Default for RelayStats {
             produce_errors: Default::default(),
             confirmed_lsn: Default::default(),
             commit_to_ack: crate::health::commit_to_ack_histogram(),
+            live: Default::default(),
         }
     }
+}
+
+/// Prefix of the relay's liveness marker message.
+pub const LIVE_PREFIX: &str = "railhook.live";
+
+async fn emit_marker(url: &str, token: &str) -> Result<(), RelayError> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let conn = tokio::spawn(conn);
+    let result = client.execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&LIVE_PREFIX, &token]).await;
+    conn.abort();
+    result?;
+    Ok(())
 }
 
 /// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
@@ -124,15 +139,28 @@ fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
 }
 
 /// Streams from `start` until `shutdown`, then drains in-flight messages and confirms them.
+///
+/// Liveness marker: once connected, the relay writes a non-transactional logical message
+/// (prefix [`LIVE_PREFIX`], a random token) and counts the stream live when it comes back:
+/// decoding is then consistent, and every transaction that starts later is in the stream.
+/// When `needs_reannounce` is set (the slot was just created), the PENDING work is
+/// re-announced at that moment, not before: rows committed while the new stream was still
+/// starting are then covered too. On success the flag is cleared, so a failed attempt
+/// leaves it for the next one.
 pub async fn stream(
     config: Arc<Config>,
     producer: FutureProducer,
     start: Lsn,
     stats: Arc<RelayStats>,
+    needs_reannounce: &mut bool,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     let mut client = ReplicationClient::connect(replication_config(&config, start)?).await.map_err(RelayError::from_replication)?;
     tracing::info!(slot = %config.relay.slot_name, %start, "replication started");
+    stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
+    let token = uuid::Uuid::new_v4().to_string();
+    emit_marker(&config.database.url, &token).await?;
+    let mut reannounce: Option<tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, tokio_postgres::Error>>> = None;
     let mut progress = Progress::new(start);
     let mut relations = Relations::default();
     let mut in_flight = FuturesUnordered::new();
@@ -161,6 +189,17 @@ pub async fn stream(
                     }
                 }
             }
+            done = async { reannounce.as_mut().expect("guarded").await }, if reannounce.is_some() => {
+                reannounce = None;
+                match done {
+                    Ok(Ok(n)) => {
+                        *needs_reannounce = false;
+                        tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
+                    }
+                    Ok(Err(e)) => return Err(RelayError::Postgres(e)),
+                    Err(e) => return Err(RelayError::Replication(format!("re-announcement task: {e}"))),
+                }
+            }
             _ = shutdown.cancelled(), if !stopping => {
                 tracing::info!(in_flight = in_flight.len(), "relay stopping: draining acknowledgements");
                 stopping = true;
@@ -177,7 +216,23 @@ pub async fn stream(
                     Some(ReplicationEvent::KeepAlive { wal_end, .. }) => progress.idle_at(Lsn(wal_end.as_u64())),
                     // A non-transactional logical message (the heartbeat of
                     // [`crate::health::sample_loop`]) is a WAL position like a keepalive's.
-                    Some(ReplicationEvent::Message { transactional: false, lsn, .. }) => progress.idle_at(Lsn(lsn.as_u64())),
+                    Some(ReplicationEvent::Message { transactional: false, lsn, prefix, content }) => {
+                        progress.idle_at(Lsn(lsn.as_u64()));
+                        if prefix == LIVE_PREFIX && content.as_ref() == token.as_bytes() {
+                            stats.live.store(true, std::sync::atomic::Ordering::Relaxed);
+                            tracing::info!(slot = %config.relay.slot_name, "stream is live");
+                            if *needs_reannounce && reannounce.is_none() {
+                                let url = config.database.url.clone();
+                                reannounce = Some(tokio::spawn(async move {
+                                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                                    let conn = tokio::spawn(conn);
+                                    let result = crate::reannounce::reannounce_pending(&client).await;
+                                    conn.abort();
+                                    result
+                                }));
+                            }
+                        }
+                    }
                     Some(ReplicationEvent::Message { .. }) => {}
                     Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
                     Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {

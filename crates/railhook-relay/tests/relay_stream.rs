@@ -1,112 +1,142 @@
-//! The CDC relay against the real Postgres and Kafka.
+//! The CDC relay against the real Postgres and Kafka, in process.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Headers;
-use rdkafka::Message;
-use railhook_relay::RelayStats;
+use railhook_config::Config;
+use railhook_relay::{RelayMetrics, RelayStats};
+use railhook_testkit::relay::{all_announced, current_lsn, insert_outbox, slot, Announcements, Fixture};
 use railhook_testkit::{eventually, test_config, TestDb};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> u64 {
-    let lsn: String = client
-        .query_one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
-        .await
-        .unwrap()
-        .get(0);
-    lsn.parse::<railhook_core::Lsn>().unwrap().0
+struct Relay {
+    metrics: RelayMetrics,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), railhook_relay::RelayError>>,
 }
 
-/// Ignored in scripts/test for now: before the relay raised the applied LSN only on increases,
-/// about one run in three stalled (the stream stopped delivering until more WAL arrived).
-/// Since that change it passed 20 of 20 runs; it goes back into scripts/test once it has
-/// more runs behind it. Run it with `cargo test -p railhook-relay -- --ignored`.
+impl Relay {
+    fn start(config: &Arc<Config>) -> Relay {
+        let mut telemetry = config.telemetry.clone();
+        telemetry.log_filter = std::env::var("RAILHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        railhook_telemetry::init_tracing(&telemetry);
+        let metrics = RelayMetrics::new(Arc::new(RelayStats::default()));
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(railhook_relay::run(config.clone(), metrics.clone(), shutdown.clone()));
+        Relay { metrics, shutdown, task }
+    }
+
+    fn stats(&self) -> &RelayStats {
+        &self.metrics.stats
+    }
+
+    /// Waits until the relay's stream returned its liveness marker: from then on every
+    /// transaction that starts is in the stream.
+    async fn live(&self) {
+        eventually(Duration::from_secs(30), "the relay stream to be live", || async {
+            self.stats().live.load(Ordering::Relaxed).then_some(())
+        })
+        .await
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("relay task").expect("relay ends cleanly");
+    }
+}
+
+async fn wait_streaming(client: &tokio_postgres::Client, name: &str) -> i32 {
+    eventually(Duration::from_secs(30), "the slot to be streamed from", || async move {
+        slot(client, name).await.and_then(|(_, pid)| pid)
+    })
+    .await
+}
+
+/// Drops the slot once its walsender (of a relay just stopped) has gone.
+async fn drop_slot(client: &tokio_postgres::Client, name: &str) {
+    eventually(Duration::from_secs(30), "the slot to be dropped", || async move {
+        client
+            .execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", &[&name])
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await
+}
+
 #[tokio::test]
-#[ignore = "intermittent stall of the replication stream; see the relay issue notes"]
 async fn relays_committed_inserts_in_order_per_key_and_confirms_after_acks() {
     let db = TestDb::new().await;
     let config = Arc::new(test_config(&db));
     let client = db.client().await;
-    let stats = Arc::new(RelayStats::default());
-    let shutdown = CancellationToken::new();
-    let relay = tokio::spawn(railhook_relay::run(config.clone(), stats.clone(), shutdown.clone()));
-    // The relay creates the slot; wait for it.
-    let slot = config.relay.slot_name.clone();
-    eventually(Duration::from_secs(30), "the slot", || {
-        let client = &client;
-        let slot = slot.clone();
-        async move { client.query_opt("SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active", &[&slot]).await.unwrap().map(|_| ()) }
-    })
-    .await;
+    let relay = Relay::start(&config);
+    let name = config.relay.slot_name.clone();
+    relay.live().await;
 
-    let project = uuid::Uuid::now_v7();
-    let endpoints: Vec<uuid::Uuid> = (0..4).map(|_| uuid::Uuid::now_v7()).collect();
+    let project = Uuid::now_v7();
+    let endpoints: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
     let mut expected: HashMap<String, Vec<String>> = HashMap::new();
+    let mut order = Vec::new();
+    let mut txn_lsns = Vec::new();
     for txn in 0..20 {
-        let deliveries: Vec<uuid::Uuid> = (0..25).map(|_| uuid::Uuid::now_v7()).collect();
-        let routes: Vec<uuid::Uuid> = (0..25).map(|i| endpoints[(txn + i) % 4]).collect();
-        client
-            .execute(
-                "INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-                 SELECT $1, d, r, 'created' FROM unnest($2::uuid[], $3::uuid[]) AS t(d, r)",
-                &[&project, &deliveries, &routes],
-            )
-            .await
-            .unwrap();
+        let routes: Vec<Uuid> = (0..25).map(|i| endpoints[(txn + i) % 4]).collect();
+        let deliveries = insert_outbox(&client, project, &routes).await;
+        txn_lsns.push(current_lsn(&client).await);
+        order.extend(deliveries.iter().map(|d| railhook_core::DeliveryId(*d).to_string()));
         for (d, r) in deliveries.iter().zip(&routes) {
             expected.entry(railhook_core::EndpointId(*r).to_string()).or_default().push(railhook_core::DeliveryId(*d).to_string());
         }
     }
-    let last_commit: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.unwrap().get(0);
-    let last_commit = last_commit.parse::<railhook_core::Lsn>().unwrap().0;
+    let last_commit = current_lsn(&client).await;
 
-    let consumer: StreamConsumer = railhook_kafka::client_config(&config.kafka)
-        .set("group.id", format!("{}check", config.kafka.topic_prefix))
-        .set("auto.offset.reset", "earliest")
-        // The topic is seconds old: look for it again soon rather than after 5 minutes.
-        .set("topic.metadata.refresh.interval.ms", "500")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[&config.deliveries_topic()]).unwrap();
+    let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
+    if let Err(e) = seen.try_until(Duration::from_secs(20), "500 announcements", |s| s.len() >= 500).await {
+        let got: std::collections::HashSet<String> = seen.seen.iter().filter_map(|a| a.delivery_id.clone()).collect();
+        let missing: Vec<usize> = order.iter().enumerate().filter(|(_, d)| !got.contains(*d)).map(|(i, _)| i / 25).collect();
+        let mut missing_txns = missing.clone();
+        missing_txns.dedup();
+        eprintln!("missing rows {} in txns {missing_txns:?}; txn end LSNs {txn_lsns:X?}", missing.len());
+        let su = railhook_testkit::connect(&railhook_testkit::admin_url().replace("railhook@", "postgres@")).await.unwrap();
+        let client = &su;
+        let row = client
+            .query_one(
+                "SELECT r.sent_lsn::text, r.write_lsn::text, r.flush_lsn::text, pg_current_wal_lsn()::text, r.state FROM pg_replication_slots s LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        let cols: Vec<Option<String>> = (0..5).map(|i| row.get(i)).collect();
+        panic!(
+            "{e}; relay read {} produced {} errors {} confirmed {:?}; finished {}; sent/write/flush/current/state {cols:?}; last commit {last_commit:X}",
+            relay.stats().read.load(Ordering::Relaxed),
+            relay.stats().produced.load(Ordering::Relaxed),
+            relay.stats().produce_errors.load(Ordering::Relaxed),
+            railhook_core::Lsn(relay.stats().confirmed_lsn.load(Ordering::Relaxed)).to_string(),
+            relay.task.is_finished(),
+        );
+    }
     let mut got: HashMap<String, Vec<String>> = HashMap::new();
-    let mut stream = consumer.stream();
-    for _ in 0..500 {
-        let next = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
-        if next.is_err() && relay.is_finished() {
-            panic!("relay ended: {:?}", relay.await);
-        }
-        let Ok(msg) = next else {
-            panic!("timed out; relay read {}, produced {} with {} errors; got {} so far", stats.read.load(std::sync::atomic::Ordering::Relaxed), stats.produced.load(std::sync::atomic::Ordering::Relaxed), stats.produce_errors.load(std::sync::atomic::Ordering::Relaxed), got.values().map(Vec::len).sum::<usize>());
-        };
-        let msg = msg.unwrap().unwrap();
-        let key = String::from_utf8(msg.key().unwrap().to_vec()).unwrap();
-        let value: serde_json::Value = serde_json::from_slice(msg.payload().unwrap()).unwrap();
-        assert_eq!(value["v"], 1);
-        assert_eq!(value["reason"], "created");
-        let headers = msg.headers().unwrap();
-        let names: Vec<&str> = (0..headers.count()).map(|i| headers.get(i).key).collect();
-        assert_eq!(names, ["outbox_id", "commit_lsn"]);
-        assert_eq!(headers.get(0).value.unwrap(), value["outbox_id"].to_string().as_bytes());
-        got.entry(key).or_default().push(value["delivery_id"].as_str().unwrap().to_string());
+    for a in &seen.seen {
+        assert_eq!(a.reason, "created");
+        assert!(a.commit_lsn.is_some(), "commit_lsn header");
+        got.entry(a.key.clone()).or_default().push(a.delivery_id.clone().unwrap());
     }
     assert_eq!(got, expected, "every row once, in commit order per key");
 
     // The slot advances to (at least) the last commit once everything is acknowledged.
     eventually(Duration::from_secs(30), "the slot to confirm the last commit", || {
-        let client = &client;
-        let slot = slot.clone();
-        async move { (confirmed_flush(client, &slot).await >= last_commit).then_some(()) }
+        let (client, name) = (&client, &name);
+        async move { (slot(client, name).await?.0 >= last_commit).then_some(()) }
     })
     .await;
-    assert_eq!(stats.produced.load(std::sync::atomic::Ordering::Relaxed), 500);
-
-    shutdown.cancel();
-    relay.await.unwrap().unwrap();
-    client.query_one("SELECT pg_drop_replication_slot($1)", &[&slot]).await.unwrap();
+    assert_eq!(relay.stats().produced.load(Ordering::Relaxed), 500);
+    assert!(relay.stats().commit_to_ack.get_sample_count() == 500);
+    relay.stop().await;
+    drop_slot(&client, &name).await;
 }
 
 #[tokio::test]
@@ -115,7 +145,144 @@ async fn refuses_a_publication_that_publishes_updates() {
     let config = Arc::new(test_config(&db));
     let client = db.client().await;
     client.batch_execute(&format!("CREATE PUBLICATION {} FOR TABLE outbox", config.relay.publication_name)).await.unwrap();
-    let err = railhook_relay::run(config, Arc::new(RelayStats::default()), CancellationToken::new()).await.unwrap_err();
+    let relay = Relay::start(&config);
+    let err = relay.task.await.unwrap().unwrap_err();
     let text = err.to_string();
     assert!(text.contains("publish inserts only") && text.contains("ALTER PUBLICATION"), "{text}");
+}
+
+/// WAL written by other tables (here a scratch table; in the cluster also every other
+/// test's database) must not pin WAL behind an idle outbox: the heartbeat moves the slot.
+#[tokio::test]
+async fn an_idle_outbox_does_not_accumulate_lag() {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.relay.status_interval_ms = 200;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    let relay = Relay::start(&config);
+    let name = config.relay.slot_name.clone();
+    relay.live().await;
+
+    client.batch_execute("CREATE TABLE scratch (id bigint, pad text)").await.unwrap();
+    let before = current_lsn(&client).await;
+    // About 8 MiB of WAL that the publication does not cover.
+    client.batch_execute("INSERT INTO scratch SELECT g, repeat('x', 200) FROM generate_series(1, 30000) g").await.unwrap();
+    let written = current_lsn(&client).await - before;
+    assert!(written > 4 << 20, "wrote {written} bytes of WAL");
+    let started = Instant::now();
+    let lag = eventually(Duration::from_secs(30), "the slot lag to drop below 512 KiB", || {
+        let (client, name) = (&client, &name);
+        async move {
+            let confirmed = slot(client, name).await?.0;
+            let lag = current_lsn(client).await.saturating_sub(confirmed);
+            (lag < 512 << 10).then_some(lag)
+        }
+    })
+    .await;
+    eprintln!("idle outbox: {written} bytes of other WAL; lag {lag} bytes after {:?}", started.elapsed());
+    relay.stop().await;
+    drop_slot(&client, &name).await;
+}
+
+/// The slot is dropped under load (its walsender terminated first, as an operator would);
+/// the relay recreates it and re-announces the Deliveries still PENDING: every Delivery
+/// reaches Kafka.
+#[tokio::test]
+async fn a_dropped_slot_is_recreated_and_nothing_is_lost() {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.relay.status_interval_ms = 200;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    let pool = railhook_store::build_pool(&config.database).unwrap();
+    let fixture = Fixture::create(&client, 3).await;
+    let relay = Relay::start(&config);
+    let name = config.relay.slot_name.clone();
+    relay.live().await;
+
+    let stop_load = CancellationToken::new();
+    let load = {
+        let (pool, stop) = (pool.clone(), stop_load.clone());
+        let fixture = Fixture { project: fixture.project, endpoints: fixture.endpoints.clone() };
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while !stop.is_cancelled() {
+                ids.extend(fixture.ingest(&pool, "order.created").await);
+            }
+            ids
+        })
+    };
+    eventually(Duration::from_secs(30), "some announcements before the drop", || async {
+        (relay.stats().produced.load(Ordering::Relaxed) >= 300).then_some(())
+    })
+    .await;
+    // Terminate the walsender and drop the slot before the relay reconnects.
+    let dropped = eventually(Duration::from_secs(30), "the slot to be dropped", || {
+        let (client, name) = (&client, &name);
+        async move {
+            client.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", &[name]).await.ok()?;
+            client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await.ok().map(|_| ())
+        }
+    })
+    .await;
+    let _ = dropped;
+    eventually(Duration::from_secs(30), "the relay to recreate the slot", || async {
+        (relay.metrics.slot_lost.get() == 1).then_some(())
+    })
+    .await;
+    wait_streaming(&client, &name).await;
+    // More load after the recovery, then stop.
+    let after = relay.stats().produced.load(Ordering::Relaxed);
+    eventually(Duration::from_secs(30), "announcements after the recovery", || async {
+        (relay.stats().produced.load(Ordering::Relaxed) >= after + 100).then_some(())
+    })
+    .await;
+    stop_load.cancel();
+    let ids = load.await.unwrap();
+    let pending: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PENDING'", &[]).await.unwrap().get(0);
+    assert_eq!(pending as usize, ids.len(), "no worker runs: every Delivery is still PENDING");
+
+    let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
+    seen.until(Duration::from_secs(60), "every Delivery announced", |s| s.len() >= ids.len() && all_announced(s, &ids)).await;
+    let reannounced = seen.seen.iter().filter(|a| a.reason == "reannounce").count();
+    assert!(reannounced > 0, "the recovery re-announced PENDING Deliveries");
+    eprintln!("slot drop: {} deliveries, {} announcements, {reannounced} re-announced", ids.len(), seen.seen.len());
+    relay.stop().await;
+    drop_slot(&client, &name).await;
+}
+
+/// Under continuous inserts, outbox rows past the retention are deleted in batches, so the
+/// table stays bounded instead of growing with the load.
+#[tokio::test]
+async fn the_outbox_stays_bounded_under_continuous_load() {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.relay.outbox_retention_seconds = 1;
+    config.relay.outbox_cleanup_interval_ms = 200;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    let relay = Relay::start(&config);
+    let name = config.relay.slot_name.clone();
+    relay.live().await;
+
+    let project = Uuid::now_v7();
+    let routes: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    let started = Instant::now();
+    let mut inserted = 0usize;
+    let mut largest = 0i64;
+    while started.elapsed() < Duration::from_secs(6) {
+        insert_outbox(&client, project, &routes).await;
+        inserted += routes.len();
+        let rows: i64 = client.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+        largest = largest.max(rows);
+    }
+    eprintln!("outbox retention: inserted {inserted} rows in 6 s, the table held at most {largest}");
+    assert!(inserted > 2_000, "the load inserted {inserted} rows");
+    // 1 s retention, 200 ms cleanup interval: about 1.2 s of inserts, so well under half.
+    assert!((largest as usize) < inserted / 2, "the table held {largest} of {inserted} rows");
+    let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
+    seen.until(Duration::from_secs(60), "every row announced", |s| s.len() >= inserted).await;
+    relay.stop().await;
+    drop_slot(&client, &name).await;
 }

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 pub mod kafka;
+pub mod relay;
 
 use railhook_config::Config;
 use railhook_store::Migrator;
