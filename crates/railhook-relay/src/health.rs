@@ -187,6 +187,7 @@ struct StatsCollector {
     produced: IntCounter,
     errors: IntCounter,
     read: IntCounter,
+    live: IntGauge,
     descs: Vec<Desc>,
 }
 
@@ -195,8 +196,10 @@ impl StatsCollector {
         let produced = IntCounter::new("railhook_relay_messages_produced_total", "Outbox announcements Kafka acknowledged.").expect("valid metric");
         let errors = IntCounter::new("railhook_relay_produce_errors_total", "Announcements Kafka refused (the relay restarts from the slot).").expect("valid metric");
         let read = IntCounter::new("railhook_relay_outbox_rows_read_total", "Outbox inserts read from the stream (or claimed by the poller).").expect("valid metric");
-        let descs = [&produced, &errors, &read].iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
-        StatsCollector { stats, produced, errors, read, descs }
+        let live = IntGauge::new("railhook_relay_stream_live", "1 while this relay streams from the slot and its liveness marker came back.").expect("valid metric");
+        let mut descs: Vec<Desc> = [&produced, &errors, &read].iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
+        descs.extend(live.desc().into_iter().cloned());
+        StatsCollector { stats, produced, errors, read, live, descs }
     }
 }
 
@@ -215,7 +218,10 @@ impl Collector for StatsCollector {
         sync(&self.produced, self.stats.produced.load(Ordering::Relaxed));
         sync(&self.errors, self.stats.produce_errors.load(Ordering::Relaxed));
         sync(&self.read, self.stats.read.load(Ordering::Relaxed));
-        [&self.produced, &self.errors, &self.read].iter().flat_map(|c| c.collect()).collect()
+        self.live.set(self.stats.live.load(Ordering::Relaxed) as i64);
+        let mut families: Vec<MetricFamily> = [&self.produced, &self.errors, &self.read].iter().flat_map(|c| c.collect()).collect();
+        families.extend(self.live.collect());
+        families
     }
 }
 

@@ -86,14 +86,29 @@ pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancellat
     ));
     let result = match config.relay.mode {
         RelayMode::Cdc => supervise(config, metrics, shutdown).await,
-        RelayMode::Poll => match connect_producer(&config, &shutdown).await? {
-            Some(p) => poll::run(config, p, metrics.stats.clone(), shutdown).await,
-            None => Ok(()),
-        },
+        RelayMode::Poll => supervise_poll(config, metrics, shutdown).await,
     };
     background.cancel();
     while tasks.join_next().await.is_some() {}
     result
+}
+
+/// The poller restarts with a new producer after a produce error (it reconnects to Postgres
+/// by itself); rows it had claimed go back to PENDING, so nothing is skipped.
+async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new();
+    while !shutdown.is_cancelled() {
+        let Some(producer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+        match poll::run(config.clone(), producer, metrics.stats.clone(), shutdown.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "poller failed; restarting");
+                backoff.wait(&shutdown).await;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Topics exist and an idempotent producer is built; retried until Kafka answers or
@@ -201,13 +216,15 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
             }
             continue;
         }
+        if let Some(since) = waiting_since.take() {
+            tracing::info!(waited_ms = since.elapsed().as_millis() as u64, "the slot is free: standby taking over");
+        }
+        metrics.standby.set(0);
         let started = Instant::now();
         let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
+        metrics.stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
         match result {
-            Ok(()) => {
-                metrics.standby.set(0);
-                return Ok(());
-            }
+            Ok(()) => return Ok(()),
             Err(e) if e.is_slot_in_use() => {
                 // Another relay took the slot between the check and START_REPLICATION.
                 if waiting_since.is_none() {
@@ -223,10 +240,6 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
                 return Err(e);
             }
             Err(e) => {
-                if let Some(since) = waiting_since.take() {
-                    tracing::info!(waited_ms = since.elapsed().as_millis() as u64, "standby took over the slot");
-                }
-                metrics.standby.set(0);
                 tracing::warn!(error = %e, "relay stream failed; resuming from the slot");
                 if matches!(e, RelayError::Produce(_)) {
                     // A fatal producer state (e.g. an idempotence violation) needs a new producer.

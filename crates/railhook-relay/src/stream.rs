@@ -118,6 +118,28 @@ impl Default for RelayStats {
     }
 }
 
+/// Polls the slot until its `confirmed_flush_lsn` reaches `lsn`, for at most `within`.
+async fn await_confirmed(config: &Config, lsn: Lsn, within: Duration) -> Result<(), RelayError> {
+    let (client, conn) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls).await?;
+    let conn = tokio::spawn(conn);
+    let deadline = Instant::now() + within;
+    let result = loop {
+        let row = client
+            .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&config.relay.slot_name])
+            .await?;
+        let at: Option<Lsn> = row.and_then(|r| r.get::<_, Option<String>>(0)).and_then(|t| t.parse().ok());
+        if at.is_some_and(|at| at >= lsn) {
+            break Ok(());
+        }
+        if Instant::now() >= deadline {
+            break Err(RelayError::Replication(format!("slot still at {at:?} after {within:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    conn.abort();
+    result
+}
+
 /// Prefix of the relay's liveness marker message.
 pub const LIVE_PREFIX: &str = "railhook.live";
 
@@ -291,6 +313,12 @@ pub async fn stream(
         .await
         .map_err(|e| RelayError::Produce(e.to_string()))?
         .map_err(|e| RelayError::Produce(e.to_string()))?;
+    // The final status update: the replication worker sends the raised position within a
+    // status interval; wait (bounded) until Postgres shows it before closing the stream.
+    let confirmed = progress.confirmed();
+    if let Err(e) = await_confirmed(&config, confirmed, Duration::from_millis(config.relay.status_interval_ms * 3 + 1_000)).await {
+        tracing::warn!(error = %e, %confirmed, "the final status update was not confirmed by Postgres; the next start replays from the slot");
+    }
     client.shutdown().await.map_err(RelayError::from_replication)?;
     tracing::info!(confirmed = %progress.confirmed(), flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped");
     Ok(())
