@@ -126,6 +126,22 @@ pub struct WorkerConfig {
     pub max_in_flight: usize,
     /// Address of the worker's own /metrics, /healthz and /readyz when run alone.
     pub ops_listen: SocketAddr,
+    /// How often the retry scheduler looks for due Deliveries (it loops at once while
+    /// batches come back full).
+    pub scheduler_interval_ms: u64,
+    /// A Delivery PROCESSING for longer than this goes back to PENDING (its worker stalled).
+    pub processing_timeout_seconds: u64,
+    /// A PENDING Delivery not announced for this long is announced again (lost announcement).
+    pub stranded_after_seconds: u64,
+    /// Outgoing Deliveries go to Failed Messages this long after their ladder started (96 h).
+    pub outgoing_max_age_seconds: u64,
+    /// Incoming Forwards go to Failed Messages this long after their ladder started (24 h).
+    pub incoming_max_age_seconds: u64,
+    /// Longest wait a `Retry-After` header may impose.
+    pub retry_after_max_seconds: u64,
+    /// On SIGTERM, how long Attempts in flight may take to finish before their Claims are
+    /// released unfinished.
+    pub shutdown_grace_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -222,6 +238,13 @@ impl Default for WorkerConfig {
             group_id: "railhook-worker".into(),
             max_in_flight: 256,
             ops_listen: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            scheduler_interval_ms: 250,
+            processing_timeout_seconds: 300,
+            stranded_after_seconds: 3_600,
+            outgoing_max_age_seconds: 96 * 3_600,
+            incoming_max_age_seconds: 24 * 3_600,
+            retry_after_max_seconds: 6 * 3_600,
+            shutdown_grace_ms: 25_000,
         }
     }
 }
@@ -372,6 +395,12 @@ impl Config {
         }
         if self.worker.max_in_flight == 0 {
             problems.push("worker.max_in_flight must be at least 1".into());
+        }
+        if self.worker.scheduler_interval_ms == 0 || self.worker.scheduler_interval_ms > 1_000 {
+            problems.push("worker.scheduler_interval_ms must be between 1 and 1000 (retries fire within about a second of their due time)".into());
+        }
+        if self.worker.processing_timeout_seconds == 0 {
+            problems.push("worker.processing_timeout_seconds must be at least 1".into());
         }
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {

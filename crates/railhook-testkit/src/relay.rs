@@ -144,31 +144,53 @@ pub struct Fixture {
     pub endpoints: Vec<railhook_core::EndpointId>,
 }
 
+/// How [`Fixture::create_with`] subscribes each Endpoint.
+#[derive(Debug, Clone)]
+pub struct SubscriptionSpec {
+    pub max_attempts: i16,
+    pub timeout_seconds: i16,
+    pub retry_delays: Option<Vec<i32>>,
+}
+
+impl Default for SubscriptionSpec {
+    fn default() -> Self {
+        SubscriptionSpec { max_attempts: 5, timeout_seconds: 30, retry_delays: None }
+    }
+}
+
 impl Fixture {
     pub async fn create(client: &Client, endpoints: usize) -> Fixture {
+        let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
+        Self::create_with(client, &urls, &SubscriptionSpec::default()).await.0
+    }
+
+    /// One Endpoint per URL, each subscribed to `**` per `spec`; returns the fixture and
+    /// each Endpoint's signing secret.
+    pub async fn create_with(client: &Client, urls: &[String], spec: &SubscriptionSpec) -> (Fixture, Vec<String>) {
         use railhook_store::{endpoints as ep, subscriptions as subs, tenancy};
         let org = tenancy::create_organization(client, "relay-test").await.expect("org");
         let project = tenancy::create_project(client, org.id, "relay-test").await.expect("project").expect("org exists");
         let headers = ep::EndpointHeaders::new();
         let mut ids = Vec::new();
-        for i in 0..endpoints {
-            let url = format!("http://127.0.0.1:9/{i}");
+        let mut secrets = Vec::new();
+        for url in urls {
             let secret = railhook_core::signing::EndpointSecret::generate();
-            let new = ep::NewEndpoint { url: &url, description: "", enabled: true, rate_limit_per_second: None, headers: &headers, secret: secret.as_str() };
+            let new = ep::NewEndpoint { url, description: "", enabled: true, rate_limit_per_second: None, headers: &headers, secret: secret.as_str() };
             let endpoint = ep::create_endpoint(client, project.id, new).await.expect("endpoint");
             let sub = subs::NewSubscription {
                 endpoint_id: endpoint.id,
                 event_type_pattern: "**",
                 ordering: false,
-                max_attempts: 5,
-                timeout_seconds: 30,
-                retry_delays: None,
+                max_attempts: spec.max_attempts,
+                timeout_seconds: spec.timeout_seconds,
+                retry_delays: spec.retry_delays.as_deref(),
                 enabled: true,
             };
             subs::create_subscription(client, project.id, sub).await.expect("subscription").expect("endpoint exists");
             ids.push(endpoint.id);
+            secrets.push(secret.as_str().to_string());
         }
-        Fixture { project: project.id, endpoints: ids }
+        (Fixture { project: project.id, endpoints: ids }, secrets)
     }
 
     /// Ingests one event the way `POST /v1/events` does; returns its delivery ids.

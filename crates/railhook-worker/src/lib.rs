@@ -1,0 +1,248 @@
+//! `railhook worker`: consumes Delivery announcements from Kafka, claims each Delivery in
+//! Postgres, runs one Attempt over HTTP, and records its outcome; plus the retry scheduler
+//! and the sweeps (DESIGN.md section 6).
+//!
+//! Modules: [`consumer`] (offsets, hints), [`runner`] (the Attempt Runner and its
+//! invariants), [`http`] (the request, SSRF guard, classification, signing headers),
+//! [`ladder`] (waits, jitter, caps), [`store`] (every statement), [`metrics`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use railhook_config::Config;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::Message;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub mod consumer;
+pub mod http;
+pub mod ladder;
+pub mod metrics;
+pub mod runner;
+pub mod store;
+
+pub use metrics::WorkerMetrics;
+use runner::Runner;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("worker cannot start: {0}")]
+    Misconfigured(String),
+    #[error("store: {0}")]
+    Store(#[from] railhook_store::StoreError),
+    #[error("Kafka: {0}")]
+    Kafka(#[from] railhook_kafka::KafkaError),
+    #[error("Kafka consumer: {0}")]
+    Consumer(#[from] rdkafka::error::KafkaError),
+}
+
+/// Scheduler batch bounds: per statement, per endpoint, per project.
+pub const SCHEDULE_BATCH: i64 = 500;
+pub const SCHEDULE_PER_ENDPOINT: i64 = 50;
+pub const SCHEDULE_PER_PROJECT: i64 = 200;
+/// Rows per sweep statement.
+pub const SWEEP_BATCH: i64 = 1_000;
+
+/// Runs the consumer, the retry scheduler and the sweeps until `shutdown`, then drains: it
+/// stops consuming, lets Attempts in flight finish for `worker.shutdown_grace_ms`, releases
+/// the Claims of those that did not, and commits offsets.
+pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    let pool = railhook_store::build_pool(&config.database)?;
+    let allow = railhook_core::address::AllowList::parse(&config.network.allow_cidrs).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
+    let sender = http::Sender::new(allow).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
+    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone() });
+
+    let topic = config.deliveries_topic();
+    loop {
+        match railhook_kafka::ensure_topics(&config.kafka, &[topic.clone(), config.forwards_topic()]).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "worker: Kafka not ready, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+
+    let background = shutdown.child_token();
+    let mut jobs = JoinSet::new();
+    jobs.spawn(scheduler_loop(pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    jobs.spawn(sweep_loop(pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    let result = consume(&config, &topic, runner, shutdown.clone()).await;
+    background.cancel();
+    while jobs.join_next().await.is_some() {}
+    result
+}
+
+async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    let consumer: StreamConsumer = railhook_kafka::client_config(&config.kafka)
+        .set("group.id", &config.worker.group_id)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        // Find a topic created moments ago without waiting for the 5-minute refresh.
+        .set("topic.metadata.refresh.interval.ms", "10000")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
+
+    let max = config.worker.max_in_flight;
+    let permits = Arc::new(Semaphore::new(max));
+    // At most one "claim step done" per running task is ever undrained (the loop drains these
+    // before it starts another task), so `max` slots suffice and `try_send` cannot fail.
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<(i32, i64)>(max);
+    let mut tracker = consumer::OffsetTracker::default();
+    let hard_stop = CancellationToken::new();
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let store = |tracker_next: Option<i64>, partition: i32, consumer: &StreamConsumer| {
+        if let Some(next) = tracker_next {
+            if let Err(e) = consumer.store_offset(topic, partition, next) {
+                tracing::debug!(error = %e, partition, "cannot store offset (partition revoked?)");
+            }
+        }
+    };
+
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            message = consumer.recv(), if permits.available_permits() > 0 => {
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Kafka consumer error");
+                        continue;
+                    }
+                };
+                let (partition, offset) = (message.partition(), message.offset());
+                let hint = consumer::parse_hint(message.payload().unwrap_or_default());
+                drop(message);
+                tracker.started(partition, offset);
+                let Some(hint) = hint else {
+                    runner.metrics.bad_messages.inc();
+                    store(tracker.done(partition, offset), partition, &consumer);
+                    continue;
+                };
+                let permit = permits.clone().try_acquire_owned().expect("a permit is available: checked above, one acquirer");
+                let (runner, done_tx, hard_stop) = (runner.clone(), done_tx.clone(), hard_stop.clone());
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    runner.metrics.in_flight.inc();
+                    let notify = move || {
+                        let _ = done_tx.try_send((partition, offset));
+                    };
+                    match runner.run(hint.delivery, hint.claim_token, notify, hard_stop).await {
+                        Ok(ran) => tracing::debug!(delivery = %railhook_core::DeliveryId(hint.delivery), ?ran, "announcement handled"),
+                        // The hint is dropped; the Delivery stays as it was and the sweeps
+                        // find it (PROCESSING after 5 min, PENDING after an hour).
+                        Err(e) => tracing::warn!(error = %e, delivery = %railhook_core::DeliveryId(hint.delivery), "announcement failed"),
+                    }
+                    runner.metrics.in_flight.dec();
+                });
+            }
+        }
+    }
+
+    // Drain: no more messages; Attempts in flight get the grace period, then are cut short
+    // (their Claims released, no Attempt spent).
+    tracing::info!(in_flight = tasks.len(), "worker stopping: draining Attempts in flight");
+    let grace = tokio::time::sleep(Duration::from_millis(config.worker.shutdown_grace_ms));
+    tokio::pin!(grace);
+    let mut cut = false;
+    while !tasks.is_empty() {
+        tokio::select! {
+            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
+            _ = tasks.join_next() => {}
+            _ = &mut grace, if !cut => {
+                tracing::warn!(in_flight = tasks.len(), "shutdown grace over: releasing the Claims of Attempts still running");
+                hard_stop.cancel();
+                cut = true;
+            }
+        }
+    }
+    while let Ok((partition, offset)) = done_rx.try_recv() {
+        store(tracker.done(partition, offset), partition, &consumer);
+    }
+    if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
+        tracing::warn!(error = %e, "final offset commit failed");
+    }
+    // Closing the consumer blocks until it left the group.
+    tokio::task::spawn_blocking(move || drop(consumer)).await.ok();
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// Claims due retries every `worker.scheduler_interval_ms` (at once again while batches come
+/// back full) and announces them through the outbox.
+async fn scheduler_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) {
+    let every = Duration::from_millis(config.worker.scheduler_interval_ms);
+    loop {
+        let mut full = false;
+        match pool.get().await {
+            Ok(client) => match store::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT).await {
+                Ok(n) => {
+                    metrics.scheduled.inc_by(n as u64);
+                    full = n as i64 == SCHEDULE_BATCH;
+                }
+                Err(e) => tracing::warn!(error = %e, "retry scheduler failed"),
+            },
+            Err(e) => tracing::warn!(error = %e, "retry scheduler: no connection"),
+        }
+        if full && !shutdown.is_cancelled() {
+            continue;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// The sweeps of 6.4, a singleton across processes (advisory lock), and the queue gauges.
+async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) {
+    let w = &config.worker;
+    let every = Duration::from_millis((w.processing_timeout_seconds * 1000 / 4).clamp(250, 30_000));
+    loop {
+        match pool.get().await {
+            Ok(mut client) => {
+                match store::sweep(&mut client, w.processing_timeout_seconds as f64, w.stranded_after_seconds as f64, w.outgoing_max_age_seconds as f64, SWEEP_BATCH).await {
+                    Ok(Some(s)) => {
+                        metrics.swept.with_label_values(&["processing_timeout"]).inc_by(s.stuck);
+                        metrics.swept.with_label_values(&["stranded"]).inc_by(s.stranded);
+                        metrics.swept.with_label_values(&["hard_cap"]).inc_by(s.capped);
+                        if s.stuck + s.stranded + s.capped > 0 {
+                            tracing::info!(stuck = s.stuck, stranded = s.stranded, capped = s.capped, "sweeps moved Deliveries");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "sweep failed"),
+                }
+                match client
+                    .query_one(
+                        "SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)))::float8, 0)
+                         FROM deliveries WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now())",
+                        &[],
+                    )
+                    .await
+                {
+                    Ok(row) => {
+                        metrics.queue_depth.set(row.get(0));
+                        metrics.oldest_pending_age.set(row.get(1));
+                    }
+                    Err(e) => tracing::debug!(error = %e, "queue gauges"),
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "sweeps: no connection"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The worker's Prometheus metrics. Labels are low-cardinality: results, status classes and
+//! deferral reasons, never ids.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+use crate::http::AttemptOutcome;
+
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    /// Attempts by `result` (success, http_status, timeout, ...) and status class (2xx..5xx, none).
+    pub attempts: IntCounterVec,
+    /// From the Event's creation to a successful Attempt, seconds.
+    pub delivery_latency: Histogram,
+    pub claims_won: IntCounter,
+    /// Hints that claimed nothing (already done, not due, or owned elsewhere).
+    pub claims_lost: IntCounter,
+    pub fence_lost: IntCounter,
+    pub deferrals: IntCounterVec,
+    /// Announcements the consumer could not parse (counted and skipped).
+    pub bad_messages: IntCounter,
+    pub scheduled: IntCounter,
+    pub swept: IntCounterVec,
+    pub in_flight: IntGauge,
+    pub queue_depth: IntGauge,
+    pub oldest_pending_age: prometheus::Gauge,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WorkerMetrics {
+    pub fn new() -> WorkerMetrics {
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid metric");
+        WorkerMetrics {
+            attempts: IntCounterVec::new(Opts::new("railhook_worker_attempts_total", "Attempts by result and status class."), &["result", "status_class"]).expect("valid metric"),
+            delivery_latency: Histogram::with_opts(
+                HistogramOpts::new("railhook_worker_delivery_latency_seconds", "From an Event's creation to its Delivery's successful Attempt.")
+                    .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0, 86400.0]),
+            )
+            .expect("valid metric"),
+            claims_won: counter("railhook_worker_claims_won_total", "Announcements that claimed their Delivery."),
+            claims_lost: counter("railhook_worker_claims_lost_total", "Announcements that claimed nothing (a duplicate, not due, or owned elsewhere)."),
+            fence_lost: counter("railhook_worker_fence_lost_total", "Finalises that found their Claim gone (the Delivery was swept)."),
+            deferrals: IntCounterVec::new(Opts::new("railhook_worker_deferrals_total", "Claims released without spending an Attempt, by reason."), &["reason"]).expect("valid metric"),
+            bad_messages: counter("railhook_worker_bad_messages_total", "Announcements that did not parse (skipped)."),
+            scheduled: counter("railhook_worker_retries_scheduled_total", "Due retries claimed and announced by the scheduler."),
+            swept: IntCounterVec::new(Opts::new("railhook_worker_swept_total", "Deliveries moved by the sweeps, by sweep."), &["sweep"]).expect("valid metric"),
+            in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
+            queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
+            oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
+        }
+    }
+
+    pub fn register(&self, registry: &Registry) -> prometheus::Result<()> {
+        registry.register(Box::new(self.attempts.clone()))?;
+        registry.register(Box::new(self.delivery_latency.clone()))?;
+        registry.register(Box::new(self.claims_won.clone()))?;
+        registry.register(Box::new(self.claims_lost.clone()))?;
+        registry.register(Box::new(self.fence_lost.clone()))?;
+        registry.register(Box::new(self.deferrals.clone()))?;
+        registry.register(Box::new(self.bad_messages.clone()))?;
+        registry.register(Box::new(self.scheduled.clone()))?;
+        registry.register(Box::new(self.swept.clone()))?;
+        registry.register(Box::new(self.in_flight.clone()))?;
+        registry.register(Box::new(self.queue_depth.clone()))?;
+        registry.register(Box::new(self.oldest_pending_age.clone()))?;
+        Ok(())
+    }
+
+    pub fn attempt(&self, outcome: &AttemptOutcome) {
+        let class = match outcome.status_code {
+            Some(c) if (100..600).contains(&c) => ["1xx", "2xx", "3xx", "4xx", "5xx"][(c / 100 - 1) as usize],
+            _ => "none",
+        };
+        self.attempts.with_label_values(&[outcome.result.as_str(), class]).inc();
+    }
+}

@@ -1,0 +1,218 @@
+//! The Attempt Runner: one claimed Delivery, one HTTP request, one finalise.
+//!
+//! Invariants (DESIGN.md 6.2), each covered by a test in `tests/worker.rs`:
+//! 1. No database or Kafka work inside the HTTP request's future: the request is built from
+//!    what the claim returned, sent, and only its finished outcome is written. A slow write
+//!    can never turn a delivered webhook into a failed one.
+//! 2. A successor (the retry) is queued only by a finalise that reports it wrote, i.e. this
+//!    worker still held the Claim: the successor is part of the fenced UPDATE itself.
+//! 3. Once the status line of a 2xx arrived the Attempt is delivered, even if reading the
+//!    body fails or stalls (`http::Sender` reads bodies with their own short deadline).
+//! 4. Deferrals release the Claim and spend no Attempt (`store::release`).
+//! 5. Response bodies are read up to `http::BODY_CAP` and stored truncated.
+//! 6. Redirects are not followed: a 3xx goes to Failed Messages.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use railhook_config::Config;
+use railhook_core::signing::EndpointSecret;
+use railhook_core::{DeliveryId, EventId};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::http::{self, OutgoingRequest, Verdict};
+use crate::ladder::{self, Step};
+use crate::metrics::WorkerMetrics;
+use crate::store::{self, AttemptRecord, Claimed, Next};
+
+/// How an announcement ended, for the metrics and the tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ran {
+    /// The hint claimed nothing: already done, not yet due, or owned by someone else.
+    NothingClaimed,
+    Delivered,
+    Retrying,
+    Failed,
+    Deferred,
+    /// The finalise found the Claim gone (swept): the Attempt is on record, nothing else.
+    FenceLost,
+    /// Shutdown cut the Attempt short; the Claim was released.
+    Released,
+}
+
+pub struct Runner {
+    pub config: Arc<Config>,
+    pub pool: railhook_store::Pool,
+    pub sender: http::Sender,
+    pub metrics: WorkerMetrics,
+}
+
+/// The JSON body every receiver gets: the Event, Standard Webhooks style.
+pub fn body(claimed: &Claimed) -> String {
+    format!(
+        r#"{{"id":{},"type":{},"timestamp":{},"data":{}}}"#,
+        serde_json::Value::String(EventId(claimed.event_id).to_string()),
+        serde_json::Value::String(claimed.event_type.clone()),
+        serde_json::Value::String(claimed.event_created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        claimed.payload
+    )
+}
+
+impl Runner {
+    /// Claims `delivery` (with the scheduler's `hint_token` on the retry path), then runs the
+    /// Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
+    /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
+    pub async fn run(&self, delivery: Uuid, hint_token: Option<Uuid>, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, RunError> {
+        let token = Uuid::new_v4();
+        let claimed = async {
+            let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+            Ok::<_, RunError>(store::claim(&**client, delivery, token, hint_token).await?)
+        }
+        .await;
+        // Also after a failed claim: the hint is then dropped, and the sweeps recover the
+        // Delivery; holding its offset would stall the whole partition's commits.
+        claimed_tx();
+        let claimed = claimed?;
+        let Some(claimed) = claimed else {
+            self.metrics.claims_lost.inc();
+            return Ok(Ran::NothingClaimed);
+        };
+        self.metrics.claims_won.inc();
+        if !claimed.enabled {
+            // A disabled endpoint: wait, spending no Attempt.
+            self.defer(&claimed, Duration::from_secs(60), "endpoint_disabled").await?;
+            return Ok(Ran::Deferred);
+        }
+
+        let request = self.request(&claimed);
+        // Invariant 1: nothing but the HTTP request in this future.
+        let outcome = tokio::select! {
+            outcome = self.sender.send(request) => outcome,
+            _ = hard_stop.cancelled() => {
+                let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+                store::release(&**client, claimed.id, claimed.token, None).await?;
+                return Ok(Ran::Released);
+            }
+        };
+        let verdict = http::classify(&outcome);
+        let now = Utc::now();
+        let (next, ran) = match &verdict {
+            Verdict::Delivered => (Next::Success, Ran::Delivered),
+            Verdict::Fail => (Next::Failed, Ran::Failed),
+            Verdict::Retry { retry_after } => {
+                let step = ladder::next_step(
+                    now,
+                    claimed.attempt_count + 1,
+                    claimed.max_attempts,
+                    &claimed.retry_delays,
+                    ladder::jitter(),
+                    *retry_after,
+                    Duration::from_secs(self.config.worker.retry_after_max_seconds),
+                    claimed.ladder_started_at,
+                    Duration::from_secs(self.config.worker.outgoing_max_age_seconds),
+                );
+                match step {
+                    Step::RetryAt(at) => (Next::RetryAt(at), Ran::Retrying),
+                    Step::GiveUp(_) => (Next::Failed, Ran::Failed),
+                }
+            }
+        };
+        let record = AttemptRecord {
+            started_at: outcome.started_at,
+            duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
+            status_code: outcome.status_code.map(i32::from),
+            result: outcome.result.as_str().to_string(),
+            error_message: outcome.error_message.clone(),
+            response_headers: outcome.response_headers.clone(),
+            response_body: outcome.response_body.clone(),
+            response_truncated: outcome.response_truncated,
+        };
+        let last_error = match &verdict {
+            Verdict::Delivered => None,
+            _ => Some(match (outcome.status_code, &outcome.error_message) {
+                (Some(code), _) => format!("HTTP {code}"),
+                (None, Some(e)) => format!("{}: {e}", outcome.result.as_str()),
+                (None, None) => outcome.result.as_str().to_string(),
+            }),
+        };
+        self.metrics.attempt(&outcome);
+        let wrote = self.finalise(&claimed, &next, last_error.as_deref(), &record).await?;
+        if !wrote {
+            // Invariant 2: no successor without the Claim.
+            self.metrics.fence_lost.inc();
+            return Ok(Ran::FenceLost);
+        }
+        if ran == Ran::Delivered {
+            let latency = (Utc::now() - claimed.event_created_at).to_std().unwrap_or_default();
+            self.metrics.delivery_latency.observe(latency.as_secs_f64());
+        }
+        Ok(ran)
+    }
+
+    fn request(&self, claimed: &Claimed) -> OutgoingRequest {
+        let body = body(claimed);
+        let secrets: Vec<EndpointSecret> = claimed.secrets.iter().filter_map(|s| EndpointSecret::parse(s).ok()).collect();
+        let extra: BTreeMap<String, String> = claimed
+            .headers
+            .as_object()
+            .map(|o| o.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string()))).collect())
+            .unwrap_or_default();
+        let headers = http::webhook_headers(
+            &DeliveryId(claimed.id).to_string(),
+            &EventId(claimed.event_id).to_string(),
+            Utc::now().timestamp(),
+            body.as_bytes(),
+            &secrets,
+            claimed.sequence_number,
+            &extra,
+        );
+        OutgoingRequest {
+            url: claimed.url.clone(),
+            headers,
+            body: bytes::Bytes::from(body),
+            timeout: Duration::from_secs(claimed.timeout_seconds.max(1) as u64),
+        }
+    }
+
+    /// The finalise, retried a few times on connection trouble: giving up leaves the Delivery
+    /// PROCESSING for the sweep (duplicate window 8 then applies).
+    async fn finalise(&self, claimed: &Claimed, next: &Next, last_error: Option<&str>, record: &AttemptRecord) -> Result<bool, RunError> {
+        let mut wait = Duration::from_millis(100);
+        for attempt in 0.. {
+            let result = async {
+                let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+                Ok::<bool, RunError>(store::finalise(&**client, claimed, next, last_error, record).await?)
+            }
+            .await;
+            match result {
+                Ok(wrote) => return Ok(wrote),
+                Err(e) if attempt < 5 => {
+                    tracing::warn!(error = %e, delivery = %DeliveryId(claimed.id), "finalise failed, retrying");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    async fn defer(&self, claimed: &Claimed, wait: Duration, reason: &'static str) -> Result<(), RunError> {
+        let at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+        let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+        store::release(&**client, claimed.id, claimed.token, Some(at)).await?;
+        self.metrics.deferrals.with_label_values(&[reason]).inc();
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("Postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("connection pool: {0}")]
+    Pool(String),
+}
