@@ -53,10 +53,12 @@ enum Command {
         #[arg(long, value_name = "MODE")]
         mode: Option<String>,
     },
-    /// Run the delivery worker (Kafka consumer, Attempt Runner, retries, sweeps). Not built yet.
+    /// Run the delivery worker: Kafka consumer, Attempt Runner, retry scheduler and sweeps,
+    /// with /metrics, /healthz and /readyz on worker.ops_listen. SIGTERM drains Attempts in
+    /// flight for worker.shutdown_grace_ms.
     Worker,
-    /// Run every built component in one process (today: the API and the relay); metrics
-    /// of both on the API's /metrics.
+    /// Run the API, the relay and the worker in one process; their metrics on the API's
+    /// /metrics.
     All {
         /// API listen address; overrides api.listen.
         #[arg(long, value_name = "ADDR")]
@@ -173,13 +175,6 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    let not_built = |what: &str, issue: &str| -> anyhow::Result<ExitCode> {
-        eprintln!("railhook {what} is not built yet ({issue}); nothing was started.");
-        Ok(ExitCode::from(2))
-    };
-    if let Command::Worker = cli.command {
-        return not_built("worker", "the delivery worker issue");
-    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
@@ -188,6 +183,7 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Api { .. } => commands::api(config).await,
             Command::All { .. } => commands::all(config).await,
             Command::Relay { .. } => commands::relay(config).await,
+            Command::Worker => commands::worker(config).await,
             Command::Slot { command: SlotCommand::Status { json, max_inactive } } => commands::slot_status(&config, json, max_inactive).await,
             Command::Slot { command: SlotCommand::Drop { confirm } } => commands::slot_drop(&config, confirm).await,
             Command::Admin { command } => match command {
