@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod admin;
 pub mod api_keys;
+pub mod deliveries;
 pub mod endpoints;
 pub mod error;
 pub mod events;
@@ -53,6 +54,12 @@ fn v1(state: AppState) -> Router {
         .route("/v1/api-keys/{id}", delete(api_keys::revoke))
         .route("/v1/events", post(events::create).get(events::list))
         .route("/v1/events/{id}", get(events::get))
+        .route("/v1/deliveries", get(deliveries::list))
+        .route("/v1/deliveries/{id}", get(deliveries::get))
+        .route("/v1/deliveries/{id}/attempts", get(deliveries::attempts))
+        .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/v1/failed-messages", get(deliveries::failed))
+        .route("/v1/failed-messages/retry", post(deliveries::retry_failed))
         .route("/v1/endpoints", post(endpoints::create).get(endpoints::list))
         .route("/v1/endpoints/{id}", get(endpoints::get).patch(endpoints::update).delete(endpoints::delete))
         .route("/v1/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))

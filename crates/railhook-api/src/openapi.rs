@@ -41,7 +41,7 @@ impl Modify for Security {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Railhook API", description = "Self-hosted webhook gateway: ingest events, manage endpoints and subscriptions."),
+    info(title = "Railhook API", description = "Self-hosted webhook gateway: ingest events, manage endpoints and subscriptions, inspect deliveries and retry Failed Messages."),
     paths(
         crate::admin::create_organization,
         crate::admin::create_project,
@@ -63,6 +63,12 @@ impl Modify for Security {
         crate::subscriptions::get,
         crate::subscriptions::update,
         crate::subscriptions::delete,
+        crate::deliveries::list,
+        crate::deliveries::get,
+        crate::deliveries::attempts,
+        crate::deliveries::retry,
+        crate::deliveries::failed,
+        crate::deliveries::retry_failed,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&Security)

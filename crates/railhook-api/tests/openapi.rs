@@ -27,6 +27,12 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/subscriptions/{id}"),
     ("patch", "/v1/subscriptions/{id}"),
     ("delete", "/v1/subscriptions/{id}"),
+    ("get", "/v1/deliveries"),
+    ("get", "/v1/deliveries/{id}"),
+    ("get", "/v1/deliveries/{id}/attempts"),
+    ("post", "/v1/deliveries/{id}/retry"),
+    ("get", "/v1/failed-messages"),
+    ("post", "/v1/failed-messages/retry"),
 ];
 
 #[tokio::test]
@@ -68,7 +74,7 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
         assert!(code != "route_not_found" && code != "method_not_allowed", "{method} {path} is documented but not routed");
     }
     let schemas = doc["components"]["schemas"].as_object().unwrap();
-    for name in ["CreateEvent", "Event", "DeliverySummary", "ErrorBody", "CreateNamed", "ProjectCreated", "NewApiKey"] {
+    for name in ["CreateEvent", "Event", "DeliverySummary", "ErrorBody", "CreateNamed", "ProjectCreated", "NewApiKey", "Delivery", "Attempt", "FailedMessage", "RetryDelivery", "BulkRetry", "BulkRetried", "SkippedDelivery"] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     assert_eq!(doc["components"]["schemas"]["CreateEvent"]["required"], serde_json::json!(["type", "payload"]));

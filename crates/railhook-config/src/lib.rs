@@ -133,6 +133,8 @@ pub struct WorkerConfig {
     pub processing_timeout_seconds: u64,
     /// A PENDING Delivery not announced for this long is announced again (lost announcement).
     pub stranded_after_seconds: u64,
+    /// A retry the scheduler announced but nobody claimed within this long is announced again.
+    pub retry_reannounce_after_seconds: u64,
     /// Outgoing Deliveries go to Failed Messages this long after their ladder started (96 h).
     pub outgoing_max_age_seconds: u64,
     /// Incoming Forwards go to Failed Messages this long after their ladder started (24 h).
@@ -142,6 +144,21 @@ pub struct WorkerConfig {
     /// On SIGTERM, how long Attempts in flight may take to finish before their Claims are
     /// released unfinished.
     pub shutdown_grace_ms: u64,
+    /// Attempts in flight at once per endpoint, across all worker processes (0: no limit).
+    pub endpoint_concurrency: i32,
+    /// Attempts in flight at once per project, across all worker processes (0: no limit).
+    pub project_concurrency: i32,
+    /// Claims per second per project (0: no limit); per endpoint, the endpoint's
+    /// `rate_limit_per_second` applies.
+    pub project_rate_limit_per_second: i32,
+    /// The circuit of an endpoint opens at this failure ratio within a window...
+    pub circuit_failure_ratio: f64,
+    /// ...once the window holds at least this many outcomes (0 disables the breaker).
+    pub circuit_min_requests: i32,
+    /// Length of the breaker's window.
+    pub circuit_window_seconds: u64,
+    /// How long an open circuit defers everything before one probe Attempt is let through.
+    pub circuit_cooldown_seconds: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -241,10 +258,18 @@ impl Default for WorkerConfig {
             scheduler_interval_ms: 250,
             processing_timeout_seconds: 300,
             stranded_after_seconds: 3_600,
+            retry_reannounce_after_seconds: 30,
             outgoing_max_age_seconds: 96 * 3_600,
             incoming_max_age_seconds: 24 * 3_600,
             retry_after_max_seconds: 6 * 3_600,
             shutdown_grace_ms: 25_000,
+            endpoint_concurrency: 10,
+            project_concurrency: 100,
+            project_rate_limit_per_second: 0,
+            circuit_failure_ratio: 0.5,
+            circuit_min_requests: 20,
+            circuit_window_seconds: 60,
+            circuit_cooldown_seconds: 30,
         }
     }
 }
@@ -398,6 +423,9 @@ impl Config {
         }
         if self.worker.scheduler_interval_ms == 0 || self.worker.scheduler_interval_ms > 1_000 {
             problems.push("worker.scheduler_interval_ms must be between 1 and 1000 (retries fire within about a second of their due time)".into());
+        }
+        if !(self.worker.circuit_failure_ratio > 0.0 && self.worker.circuit_failure_ratio <= 1.0) {
+            problems.push("worker.circuit_failure_ratio must be above 0 and at most 1".into());
         }
         if self.worker.processing_timeout_seconds == 0 {
             problems.push("worker.processing_timeout_seconds must be at least 1".into());

@@ -32,7 +32,7 @@ pub enum RelayError {
     Misconfigured(String),
     #[error("replication slot {0} is lost (wal_status 'lost'): its WAL was removed")]
     SlotLost(String),
-    #[error("Postgres: {0}")]
+    #[error("Postgres: {}", railhook_store::error::error_chain(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("store: {0}")]
     Store(#[from] railhook_store::StoreError),
@@ -51,9 +51,48 @@ pub enum RelayError {
 }
 
 impl RelayError {
+    /// Credentials the server refuses and TLS settings that cannot work are the operator's to
+    /// fix: they end the relay ([`RelayError::is_fatal`]) instead of being retried.
     fn from_replication(e: pgwire_replication::PgWireError) -> RelayError {
-        RelayError::Replication(e.to_string())
+        use pgwire_replication::PgWireError;
+        match &e {
+            PgWireError::Auth(m) => RelayError::Misconfigured(format!("replication connection: authentication failed: {m}")),
+            PgWireError::Server(m) if m.contains("SQLSTATE 28") => {
+                RelayError::Misconfigured(format!("replication connection: authentication failed: {m}"))
+            }
+            PgWireError::Tls(m) if m.starts_with("TLS config error") => RelayError::Misconfigured(format!("replication connection: {m}")),
+            _ => RelayError::Replication(e.to_string()),
+        }
     }
+
+    /// See [`RelayError::from_replication`]; the same for `railhook_store::connect`.
+    fn from_connect(e: railhook_store::StoreError) -> RelayError {
+        match e {
+            railhook_store::StoreError::Url(m) => RelayError::Misconfigured(format!("database.url: {m}")),
+            e if e.is_auth_failure() => RelayError::Misconfigured(auth_failed(&e)),
+            e => RelayError::Store(e),
+        }
+    }
+}
+
+/// The message of a relay stopped by refused credentials: the server's own words.
+fn auth_failed(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut detail = None;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+            detail = Some(db.to_string());
+            break;
+        }
+        next = err.source();
+    }
+    let detail = detail.unwrap_or_else(|| railhook_store::error::error_chain(e));
+    format!("authentication failed (check the user and password in database.url): {detail}")
+}
+
+/// A connection for `url` (TLS per its `sslmode`), running on a task of its own.
+pub(crate) async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), RelayError> {
+    railhook_store::connect(url).await.map_err(RelayError::from_connect)
 }
 
 /// Whether an error ends the relay (the operator must act) or is retried from the slot.
@@ -168,8 +207,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
     let standby_poll = Duration::from_millis(config.relay.status_interval_ms.min(1_000));
     while !shutdown.is_cancelled() {
         let attempt: Result<setup::SlotState, RelayError> = async {
-            let (client, connection) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls).await?;
-            let conn = tokio::spawn(connection);
+            let (client, conn) = connect(&config.database.url).await?;
             let state = setup::prepare(&client, &config.relay, setup::SlotPolicy::from_config(&config.relay, known)).await;
             let state = match state {
                 Ok(s) => s,

@@ -350,8 +350,9 @@ struct Unfinished {
 ///
 /// The topics must exist (`railhook_relay::run` ensures them before building the producer).
 pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let mut pg: tokio_postgres::Config =
-        config.database.url.parse().map_err(|e| RelayError::Misconfigured(format!("database.url: {e}")))?;
+    let url = railhook_store::DatabaseUrl::parse(&config.database.url).map_err(|e| RelayError::Misconfigured(e.to_string()))?;
+    let tls = url.tls_connector().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
+    let mut pg = url.pg;
     if pg.get_application_name().is_none() {
         pg.application_name("railhook-relay-poll");
     }
@@ -361,7 +362,7 @@ pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<Relay
     let mut backoff = RETRY_MIN;
     loop {
         let attempt = async {
-            let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+            let (client, connection) = pg.connect(tls.clone()).await?;
             let conn = tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::warn!(error = %e, "poll relay: Postgres connection ended");
@@ -374,6 +375,10 @@ pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<Relay
         };
         match attempt.await {
             Ok(()) => break,
+            // Refused credentials (SQLSTATE class 28) are the operator's to fix, as in CDC mode.
+            Err(RelayError::Postgres(e)) if e.code().is_some_and(|c| c.code().starts_with("28")) => {
+                return Err(RelayError::Misconfigured(crate::auth_failed(&e)));
+            }
             Err(RelayError::Postgres(e)) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "poll relay: Postgres failed, reconnecting");
                 let stop = tokio::select! {

@@ -42,11 +42,8 @@ pub async fn cleanup_loop(url: String, retention: Duration, every: Duration, pol
     let mut client: Option<Client> = None;
     loop {
         if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                Ok((c, conn)) => {
-                    tokio::spawn(conn);
-                    Some(c)
-                }
+            client = match railhook_store::connect(&url).await {
+                Ok((c, _conn)) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "outbox cleanup: cannot connect to Postgres");
                     None

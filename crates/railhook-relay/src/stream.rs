@@ -20,7 +20,9 @@ use railhook_core::{DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use tokio_postgres::config::{Host, SslMode};
+use railhook_store::connection::RootCerts;
+use railhook_store::{DatabaseUrl, SslMode};
+use tokio_postgres::config::Host;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::{OutboxRow, Relations};
@@ -33,28 +35,50 @@ pub const MAX_IN_FLIGHT: usize = 10_000;
 /// Version of the message value's layout.
 pub const VALUE_VERSION: u32 = 1;
 
-/// The replication connection's settings, from `database.url` (TLS when `sslmode=require`,
-/// SCRAM when the server asks for it).
+/// The replication connection's settings, from `database.url` as
+/// [`railhook_store::DatabaseUrl`] reads it: the same `sslmode` (`prefer` tries TLS,
+/// `require` encrypts without verifying, `verify-ca`/`verify-full` check the server against
+/// `sslrootcert` or the Mozilla roots) and the percent-decoded password, with which
+/// pgwire-replication answers SCRAM-SHA-256 (or MD5/cleartext) when the server asks.
 pub fn replication_config(config: &Config, start: Lsn) -> Result<ReplicationConfig, RelayError> {
-    let pg: tokio_postgres::Config = config
-        .database
-        .url
-        .parse()
-        .map_err(|e| RelayError::Misconfigured(format!("database.url: {e}")))?;
+    let url = DatabaseUrl::parse(&config.database.url).map_err(|e| RelayError::Misconfigured(e.to_string()))?;
+    let pg = &url.pg;
     let host = match pg.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         Some(Host::Unix(p)) => p.display().to_string(),
         None => "localhost".into(),
     };
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
-    let password = pg.get_password().map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default();
-    let tls = match pg.get_ssl_mode() {
-        SslMode::Require => TlsConfig::require(),
-        _ => TlsConfig::disabled(),
+    // libpq's hostaddr: connect there, and check the certificate against `host`.
+    let (addr, tls_name) = match pg.get_hostaddrs().first() {
+        Some(ip) => (ip.to_string(), Some(host)),
+        None => (host, None),
     };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    let password = match pg.get_password() {
+        None => String::new(),
+        Some(p) => String::from_utf8(p.to_vec()).map_err(|_| RelayError::Misconfigured("database.url: the password is not UTF-8".into()))?,
+    };
+    let ca = match &url.root_certs {
+        RootCerts::WebPki => None,
+        RootCerts::File(path) => Some(path.clone()),
+    };
+    let mut tls = match url.ssl_mode {
+        SslMode::Disable => TlsConfig::disabled(),
+        SslMode::Prefer => TlsConfig { mode: pgwire_replication::SslMode::Prefer, ..TlsConfig::disabled() },
+        SslMode::Require => TlsConfig::require(),
+        SslMode::VerifyCa => TlsConfig::verify_ca(ca),
+        SslMode::VerifyFull => TlsConfig::verify_full(ca),
+    };
+    match tls_name {
+        Some(name) => tls = tls.with_sni_hostname(name),
+        // pgwire-replication refuses verify-full for an IP address unless the name to check is
+        // given explicitly; rustls checks an IP address against the certificate's IP SANs.
+        None if url.ssl_mode == SslMode::VerifyFull && addr.parse::<std::net::IpAddr>().is_ok() => tls = tls.with_sni_hostname(addr.clone()),
+        None => {}
+    }
     let interval = Duration::from_millis(config.relay.status_interval_ms);
     Ok(ReplicationConfig::new(
-        host,
+        addr,
         pg.get_user().unwrap_or("postgres"),
         password,
         pg.get_dbname().unwrap_or("postgres"),
@@ -120,8 +144,7 @@ impl Default for RelayStats {
 
 /// Polls the slot until its `confirmed_flush_lsn` reaches `lsn`, for at most `within`.
 async fn await_confirmed(config: &Config, lsn: Lsn, within: Duration) -> Result<(), RelayError> {
-    let (client, conn) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls).await?;
-    let conn = tokio::spawn(conn);
+    let (client, conn) = crate::connect(&config.database.url).await?;
     let deadline = Instant::now() + within;
     let result = loop {
         let row = client
@@ -144,8 +167,7 @@ async fn await_confirmed(config: &Config, lsn: Lsn, within: Duration) -> Result<
 pub const LIVE_PREFIX: &str = "railhook.live";
 
 async fn emit_marker(url: &str, token: &str) -> Result<(), RelayError> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    let conn = tokio::spawn(conn);
+    let (client, conn) = crate::connect(url).await?;
     let result = client.execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&LIVE_PREFIX, &token]).await;
     conn.abort();
     result?;
@@ -182,7 +204,7 @@ pub async fn stream(
     stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
     let token = uuid::Uuid::new_v4().to_string();
     emit_marker(&config.database.url, &token).await?;
-    let mut reannounce: Option<tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, tokio_postgres::Error>>> = None;
+    let mut reannounce: Option<tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, RelayError>>> = None;
     let mut progress = Progress::new(start);
     let mut relations = Relations::default();
     let mut in_flight = FuturesUnordered::new();
@@ -218,7 +240,7 @@ pub async fn stream(
                         *needs_reannounce = false;
                         tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
                     }
-                    Ok(Err(e)) => return Err(RelayError::Postgres(e)),
+                    Ok(Err(e)) => return Err(e),
                     Err(e) => return Err(RelayError::Replication(format!("re-announcement task: {e}"))),
                 }
             }
@@ -246,11 +268,10 @@ pub async fn stream(
                             if *needs_reannounce && reannounce.is_none() {
                                 let url = config.database.url.clone();
                                 reannounce = Some(tokio::spawn(async move {
-                                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-                                    let conn = tokio::spawn(conn);
+                                    let (client, conn) = crate::connect(&url).await?;
                                     let result = crate::reannounce::reannounce_pending(&client).await;
                                     conn.abort();
-                                    result
+                                    Ok(result?)
                                 }));
                             }
                         }

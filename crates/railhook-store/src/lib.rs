@@ -1,5 +1,7 @@
 //! Railhook's Postgres access. SQL lives next to the code that runs it.
 
+pub mod connection;
+pub mod deliveries;
 pub mod endpoints;
 pub mod error;
 pub mod events;
@@ -9,6 +11,7 @@ pub mod server;
 pub mod subscriptions;
 pub mod tenancy;
 
+pub use connection::{connect, DatabaseUrl, SslMode};
 pub use error::StoreError;
 pub use migrate::{Migration, MigrationReport, Migrator};
 pub use pool::{build_pool, connect_pool, Pool};

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, RecyclingMethod, Runtime};
 use railhook_config::DatabaseConfig;
-use tokio_postgres::NoTls;
-
-use crate::StoreError;
+use crate::{DatabaseUrl, StoreError};
 
 pub type Pool = deadpool_postgres::Pool;
 pub use deadpool_postgres::PoolError;
@@ -14,18 +12,17 @@ pub use deadpool_postgres::PoolError;
 /// Builds a pool for `config.url` and checks that one connection can be made.
 pub async fn connect_pool(config: &DatabaseConfig) -> Result<Pool, StoreError> {
     let pool = build_pool(config)?;
-    let client = pool.get().await.map_err(|e| StoreError::Connect(e.to_string()))?;
+    let client = pool.get().await.map_err(|e| StoreError::Connect(crate::error::error_chain(&e)))?;
     client.simple_query("SELECT 1").await?;
     Ok(pool)
 }
 
-/// Builds a pool without connecting: connections are made on first use.
+/// Builds a pool without connecting: connections are made on first use, with TLS as the
+/// URL's `sslmode` asks (see [`crate::connection`]).
 pub fn build_pool(config: &DatabaseConfig) -> Result<Pool, StoreError> {
-    let pg: tokio_postgres::Config = config
-        .url
-        .parse()
-        .map_err(|e| StoreError::Connect(format!("database.url does not parse: {e}")))?;
-    let manager = Manager::from_config(pg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let url = DatabaseUrl::parse(&config.url)?;
+    let tls = url.tls_connector()?;
+    let manager = Manager::from_config(url.pg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     let timeout = Some(Duration::from_millis(config.acquire_timeout_ms));
     Pool::builder(manager)
         .max_size(config.max_connections)

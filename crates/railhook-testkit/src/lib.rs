@@ -11,10 +11,11 @@ use std::time::Duration;
 
 pub mod kafka;
 pub mod relay;
+pub mod tls;
 
 use railhook_config::Config;
 use railhook_store::Migrator;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// Prefix of every database the harness creates; `scripts/test` drops leftovers.
 pub const TEST_DB_PREFIX: &str = "rh_test_";
@@ -44,13 +45,10 @@ pub fn with_database(url: &str, db: &str) -> String {
     }
 }
 
-pub async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "test connection closed");
-        }
-    });
+/// A connection for `url`, through `railhook_store::connect` like every component's (TLS per
+/// the URL's `sslmode`).
+pub async fn connect(url: &str) -> Result<Client, railhook_store::StoreError> {
+    let (client, _connection) = railhook_store::connect(url).await?;
     Ok(client)
 }
 

@@ -17,7 +17,7 @@
 //! - **Redirects are not followed** (`redirect::Policy::none()`): a 3xx is recorded as an
 //!   [`AttemptResult::HttpStatus`] and is a non-retryable failure.
 //! - **SSRF guard at connect time, pinned by construction.** Names are resolved by
-//!   [`GuardedResolver`], which hands reqwest only the answers that
+//!   `GuardedResolver`, which hands reqwest only the answers that
 //!   [`AllowList::check`] permits; reqwest connects to exactly those addresses, so a name that
 //!   re-binds to a private address between checks cannot reach it. IP-literal hosts never reach
 //!   a resolver, so [`Sender::send`] checks them with [`AllowList::check_url`] first. Proxies
@@ -156,7 +156,7 @@ pub enum AttemptResult {
     /// A status other than 2xx arrived (3xx included: redirects are not followed; the
     /// status code tells them apart, the message names the `Location`).
     HttpStatus,
-    /// No complete status line and headers within the timeout (connecting included).
+    /// No complete status line and headers within the timeout (DNS and connecting included).
     Timeout,
     /// The TCP connection could not be made (refused, unreachable, reset while connecting).
     Connect,
@@ -342,7 +342,8 @@ impl Sender {
     pub async fn send(&self, request: OutgoingRequest) -> AttemptOutcome {
         let started_at = Utc::now();
         let start = Instant::now();
-        let deadline = start + request.timeout;
+        // A timeout too large for the clock means "none to speak of": a year.
+        let deadline = start.checked_add(request.timeout).unwrap_or(start + Duration::from_secs(365 * 86_400));
         let fail = |result: AttemptResult, message: String| AttemptOutcome {
             started_at,
             duration: start.elapsed(),
@@ -524,11 +525,13 @@ fn bounded(mut text: String, max: usize) -> String {
 
 /// Why a request failed before a response arrived, from reqwest's error chain.
 fn describe_error(error: &reqwest::Error) -> (AttemptResult, String) {
-    let message = chain(error);
+    let mut message = chain(error);
     let mut resolve = None;
     let mut tls = false;
     walk(error, &mut |e| {
         if let Some(r) = e.downcast_ref::<ResolveError>() {
+            // Our own message says it all; reqwest's and hyper's wrappers add nothing.
+            message = bounded(r.to_string(), MAX_ERROR_MESSAGE_BYTES);
             resolve.get_or_insert(match r {
                 ResolveError::Refused { .. } => AttemptResult::RefusedAddress,
                 ResolveError::Lookup { .. } | ResolveError::NoAddresses { .. } => AttemptResult::Dns,
@@ -592,7 +595,7 @@ enum ResolveError {
     Lookup { host: String, source: std::io::Error },
     #[error("{host} resolved to no address")]
     NoAddresses { host: String },
-    #[error("{host} resolves only to refused addresses ({count} refused): {first}")]
+    #[error("{host} resolves only to refused addresses ({count} answers, all refused): {first}")]
     Refused { host: String, count: usize, first: DeniedReason },
 }
 

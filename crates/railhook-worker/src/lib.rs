@@ -110,7 +110,11 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
+            Some((partition, offset)) = done_rx.recv() => {
+                let next = tracker.done(partition, offset);
+                tracing::trace!(partition, offset, ?next, "claim step done");
+                store(next, partition, &consumer)
+            }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             message = consumer.recv(), if permits.available_permits() > 0 => {
                 let message = match message {
@@ -121,6 +125,7 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
                     }
                 };
                 let (partition, offset) = (message.partition(), message.offset());
+                tracing::trace!(partition, offset, "announcement received");
                 let hint = consumer::parse_hint(message.payload().unwrap_or_default());
                 drop(message);
                 tracker.started(partition, offset);
@@ -185,7 +190,7 @@ async fn scheduler_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
     loop {
         let mut full = false;
         match pool.get().await {
-            Ok(client) => match store::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT).await {
+            Ok(client) => match store::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT, config.worker.retry_reannounce_after_seconds as f64).await {
                 Ok(n) => {
                     metrics.scheduled.inc_by(n as u64);
                     full = n as i64 == SCHEDULE_BATCH;

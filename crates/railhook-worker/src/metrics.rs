@@ -16,6 +16,8 @@ pub struct WorkerMetrics {
     pub claims_lost: IntCounter,
     pub fence_lost: IntCounter,
     pub deferrals: IntCounterVec,
+    /// Circuit breaker state changes by change (opened, closed, reopened).
+    pub circuit_changes: IntCounterVec,
     /// Announcements the consumer could not parse (counted and skipped).
     pub bad_messages: IntCounter,
     pub scheduled: IntCounter,
@@ -45,6 +47,7 @@ impl WorkerMetrics {
             claims_lost: counter("railhook_worker_claims_lost_total", "Announcements that claimed nothing (a duplicate, not due, or owned elsewhere)."),
             fence_lost: counter("railhook_worker_fence_lost_total", "Finalises that found their Claim gone (the Delivery was swept)."),
             deferrals: IntCounterVec::new(Opts::new("railhook_worker_deferrals_total", "Claims released without spending an Attempt, by reason."), &["reason"]).expect("valid metric"),
+            circuit_changes: IntCounterVec::new(Opts::new("railhook_worker_circuit_changes_total", "Endpoint circuit state changes, by change."), &["change"]).expect("valid metric"),
             bad_messages: counter("railhook_worker_bad_messages_total", "Announcements that did not parse (skipped)."),
             scheduled: counter("railhook_worker_retries_scheduled_total", "Due retries claimed and announced by the scheduler."),
             swept: IntCounterVec::new(Opts::new("railhook_worker_swept_total", "Deliveries moved by the sweeps, by sweep."), &["sweep"]).expect("valid metric"),
@@ -61,6 +64,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.claims_lost.clone()))?;
         registry.register(Box::new(self.fence_lost.clone()))?;
         registry.register(Box::new(self.deferrals.clone()))?;
+        registry.register(Box::new(self.circuit_changes.clone()))?;
         registry.register(Box::new(self.bad_messages.clone()))?;
         registry.register(Box::new(self.scheduled.clone()))?;
         registry.register(Box::new(self.swept.clone()))?;

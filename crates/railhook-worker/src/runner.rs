@@ -69,16 +69,24 @@ impl Runner {
         let token = Uuid::new_v4();
         let claimed = async {
             let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
-            Ok::<_, RunError>(store::claim(&**client, delivery, token, hint_token).await?)
+            Ok::<_, RunError>(store::claim(&**client, delivery, token, hint_token, &store::Limits::from_config(&self.config.worker)).await?)
         }
         .await;
         // Also after a failed claim: the hint is then dropped, and the sweeps recover the
         // Delivery; holding its offset would stall the whole partition's commits.
         claimed_tx();
         let claimed = claimed?;
-        let Some(claimed) = claimed else {
-            self.metrics.claims_lost.inc();
-            return Ok(Ran::NothingClaimed);
+        let claimed = match claimed {
+            store::ClaimResult::Claimed(c) => *c,
+            store::ClaimResult::Nothing => {
+                self.metrics.claims_lost.inc();
+                return Ok(Ran::NothingClaimed);
+            }
+            store::ClaimResult::Deferred(reason) => {
+                // Invariant 4: released before any Attempt (the row never left PENDING).
+                self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
+                return Ok(Ran::Deferred);
+            }
         };
         self.metrics.claims_won.inc();
         if !claimed.enabled {
@@ -139,8 +147,15 @@ impl Runner {
             }),
         };
         self.metrics.attempt(&outcome);
-        let wrote = self.finalise(&claimed, &next, last_error.as_deref(), &record).await?;
-        if !wrote {
+        // The circuit counts an answer that asks for a retry as a failure; any other answer,
+        // even a 4xx, shows the endpoint is up.
+        let healthy = !matches!(verdict, Verdict::Retry { .. });
+        let finalised = self.finalise(&claimed, &next, last_error.as_deref(), &record, healthy).await?;
+        if let Some(change) = &finalised.circuit {
+            tracing::info!(endpoint = %railhook_core::EndpointId(claimed.endpoint_id), change, "circuit state changed");
+            self.metrics.circuit_changes.with_label_values(&[change.as_str()]).inc();
+        }
+        if !finalised.wrote {
             // Invariant 2: no successor without the Claim.
             self.metrics.fence_lost.inc();
             return Ok(Ran::FenceLost);
@@ -179,12 +194,14 @@ impl Runner {
 
     /// The finalise, retried a few times on connection trouble: giving up leaves the Delivery
     /// PROCESSING for the sweep (duplicate window 8 then applies).
-    async fn finalise(&self, claimed: &Claimed, next: &Next, last_error: Option<&str>, record: &AttemptRecord) -> Result<bool, RunError> {
+    async fn finalise(&self, claimed: &Claimed, next: &Next, last_error: Option<&str>, record: &AttemptRecord, healthy: bool) -> Result<store::Finalised, RunError> {
+        let w = &self.config.worker;
+        let circuit = store::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
         let mut wait = Duration::from_millis(100);
         for attempt in 0.. {
             let result = async {
                 let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
-                Ok::<bool, RunError>(store::finalise(&**client, claimed, next, last_error, record).await?)
+                Ok::<store::Finalised, RunError>(store::finalise(&**client, claimed, next, last_error, record, healthy, &circuit).await?)
             }
             .await;
             match result {

@@ -32,31 +32,72 @@ pub struct Claimed {
     pub secrets: Vec<String>,
 }
 
-/// 6.1: the row is the truth, the Kafka message a hint. `hint_token` is the scheduler's token
-/// on the retry path (the consumer swaps it for its own only while the row still carries it);
-/// `None` for first announcements, which claim only untokened rows.
-const CLAIM_SQL: &str = "
-WITH claimed AS (
-    UPDATE deliveries d
-    SET status = 'PROCESSING', claim_token = $2, claimed_at = now(), updated_at = now()
-    WHERE d.id = $1 AND d.status = 'PENDING'
-      AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
-      AND d.claim_token IS NOT DISTINCT FROM $3
-    RETURNING d.*
-)
+/// The Attempt's details, read once the claim succeeded (by id and the new token).
+const CLAIMED_SQL: &str = "
 SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_attempts, c.retry_delays,
        c.timeout_seconds, c.sequence_number, c.ladder_started_at,
        e.event_type, e.created_at, e.payload::text, ep.url, ep.enabled, ep.headers,
        ARRAY(SELECT s.secret FROM endpoint_secrets s
              WHERE s.endpoint_id = c.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
              ORDER BY s.expires_at IS NULL DESC, s.created_at DESC)
-FROM claimed c
+FROM deliveries c
 JOIN events e ON e.id = c.event_id
-JOIN endpoints ep ON ep.id = c.endpoint_id";
+JOIN endpoints ep ON ep.id = c.endpoint_id
+WHERE c.id = $1 AND c.claim_token = $2";
 
-pub async fn claim(db: &impl GenericClient, delivery: Uuid, token: Uuid, hint_token: Option<Uuid>) -> Result<Option<Claimed>, tokio_postgres::Error> {
-    let row = db.query_opt(CLAIM_SQL, &[&delivery, &token, &hint_token]).await?;
-    Ok(row.map(|r| Claimed {
+/// Limits the claim enforces (see `railhook_claim` in migrations/0008_deferrals.sql).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub endpoint_concurrency: i32,
+    pub project_concurrency: i32,
+    pub project_rate: i32,
+    pub circuit_cooldown_s: f64,
+    pub probe_timeout_s: f64,
+}
+
+impl Limits {
+    pub fn from_config(w: &railhook_config::WorkerConfig) -> Limits {
+        Limits {
+            endpoint_concurrency: w.endpoint_concurrency,
+            project_concurrency: w.project_concurrency,
+            project_rate: w.project_rate_limit_per_second,
+            circuit_cooldown_s: w.circuit_cooldown_seconds as f64,
+            probe_timeout_s: w.processing_timeout_seconds as f64,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum ClaimResult {
+    Claimed(Box<Claimed>),
+    /// The hint claims nothing: done, not due, or owned by another token (duplicate windows
+    /// 4 and 5).
+    Nothing,
+    /// A Deferral: the Delivery stays PENDING, due again later, no Attempt spent.
+    Deferred(String),
+}
+
+/// 6.1 with the admission checks: `railhook_claim` (one round trip) takes the project's and
+/// the endpoint's advisory locks, checks the circuit, the concurrency and the rates, and
+/// either claims (`WHERE status = 'PENDING' AND due AND claim_token IS NOT DISTINCT FROM
+/// hint`), defers, or finds nothing. `hint_token` is the scheduler's token on the retry path
+/// (the consumer swaps it for its own only while the row still carries it); `None` for first
+/// announcements, which claim only untokened rows.
+pub async fn claim(db: &impl GenericClient, delivery: Uuid, token: Uuid, hint_token: Option<Uuid>, limits: &Limits) -> Result<ClaimResult, tokio_postgres::Error> {
+    let outcome: String = db
+        .query_one(
+            "SELECT railhook_claim($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[&delivery, &token, &hint_token, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s],
+        )
+        .await?
+        .get(0);
+    match outcome.as_str() {
+        "none" => return Ok(ClaimResult::Nothing),
+        "claimed" => {}
+        _ => return Ok(ClaimResult::Deferred(outcome)),
+    }
+    let Some(r) = db.query_opt(CLAIMED_SQL, &[&delivery, &token]).await? else { return Ok(ClaimResult::Nothing) };
+    Ok(ClaimResult::Claimed(Box::new(Claimed {
         id: r.get(0),
         project_id: r.get(1),
         event_id: r.get(2),
@@ -75,7 +116,15 @@ pub async fn claim(db: &impl GenericClient, delivery: Uuid, token: Uuid, hint_to
         enabled: r.get(14),
         headers: r.get(15),
         secrets: r.get(16),
-    }))
+    })))
+}
+
+/// The breaker's settings for the finalise.
+#[derive(Debug, Clone, Copy)]
+pub struct Circuit {
+    pub window_s: f64,
+    pub min_volume: i32,
+    pub ratio: f64,
 }
 
 /// What the finalise writes on the Delivery.
@@ -121,9 +170,19 @@ WITH fenced AS (
                           result, error_message, response_headers, response_body, response_truncated)
     VALUES ($6, $7, $1, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 )
-SELECT count(*) FROM fenced";
+SELECT (SELECT count(*) FROM fenced),
+       (SELECT railhook_circuit_record($17, $2, $18, $19, $20, $21) FROM fenced)";
 
-pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, last_error: Option<&str>, attempt: &AttemptRecord) -> Result<bool, tokio_postgres::Error> {
+/// What the finalise reports: whether it held the Claim, and the circuit's state change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finalised {
+    pub wrote: bool,
+    pub circuit: Option<String>,
+}
+
+/// `healthy`: the outcome counts as a success for the endpoint's circuit (it answered,
+/// whatever the status, unless the answer asks for a retry).
+pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, last_error: Option<&str>, attempt: &AttemptRecord, healthy: bool, circuit: &Circuit) -> Result<Finalised, tokio_postgres::Error> {
     let (status, retry_at) = match next {
         Next::Success => ("SUCCESS", None),
         Next::RetryAt(at) => ("PENDING", Some(*at)),
@@ -151,10 +210,15 @@ pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, l
                 &attempt.response_headers,
                 &attempt.response_body,
                 &attempt.response_truncated,
+                &claimed.endpoint_id,
+                &healthy,
+                &circuit.window_s,
+                &circuit.min_volume,
+                &circuit.ratio,
             ],
         )
         .await?;
-    Ok(row.get::<_, i64>(0) == 1)
+    Ok(Finalised { wrote: row.get::<_, i64>(0) == 1, circuit: row.get(1) })
 }
 
 /// A Deferral, or a Claim given back at shutdown: back to PENDING, due at `at`, no Attempt
@@ -173,11 +237,15 @@ pub async fn release(db: &impl GenericClient, delivery: Uuid, token: Uuid, at: O
 /// The retry scheduler's batch: due PENDING Deliveries, claimed under a scheduler token with
 /// SKIP LOCKED, at most `per_endpoint` per endpoint and `limit` in all, oldest due first, and
 /// announced in the same statement through the outbox (reason `retry`, with the token), so
-/// ownership passes with the announcement and cannot be lost between the two.
+/// ownership passes with the announcement and cannot be lost between the two. A row still
+/// carrying a scheduler token `$4` seconds after its announcement was not claimed (the hint
+/// was lost): it is tokened and announced again, and the old token's hint then claims
+/// nothing.
 const SCHEDULE_SQL: &str = "
 WITH due AS (
     SELECT id, project_id, endpoint_id, next_retry_at FROM deliveries
-    WHERE status = 'PENDING' AND claim_token IS NULL AND next_retry_at <= now()
+    WHERE status = 'PENDING' AND next_retry_at <= now()
+      AND (claim_token IS NULL OR last_announced_at < now() - make_interval(secs => $4))
     ORDER BY next_retry_at
     LIMIT $1::bigint * 4
     FOR UPDATE SKIP LOCKED
@@ -201,8 +269,8 @@ SELECT project_id, id, endpoint_id, 'retry', claim_token FROM tokened
 RETURNING id";
 
 /// Claims and announces one batch of due retries; how many.
-pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64, per_project: i64) -> Result<usize, tokio_postgres::Error> {
-    Ok(db.query(SCHEDULE_SQL, &[&limit, &per_endpoint, &per_project]).await?.len())
+pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64, per_project: i64, reannounce_after_s: f64) -> Result<usize, tokio_postgres::Error> {
+    Ok(db.query(SCHEDULE_SQL, &[&limit, &per_endpoint, &per_project, &reannounce_after_s]).await?.len())
 }
 
 /// Sweep 6.4 (a): PROCESSING for longer than `older_than_s` goes back to PENDING with the

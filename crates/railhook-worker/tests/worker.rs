@@ -43,11 +43,34 @@ type Script = Arc<dyn Fn(&str, usize) -> Act + Send + Sync>;
 struct Receiver {
     hits: Arc<Mutex<Vec<Hit>>>,
     script: Script,
+    /// Requests being answered now, and the most at once: overall and per path.
+    concurrency: Arc<Mutex<HashMap<String, (usize, usize)>>>,
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<Mutex<HashMap<String, (usize, usize)>>>, String);
+
+impl InFlight {
+    fn enter(map: &Arc<Mutex<HashMap<String, (usize, usize)>>>, path: &str) -> [InFlight; 2] {
+        let mut m = map.lock().unwrap();
+        for key in ["*", path] {
+            let e = m.entry(key.to_string()).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(e.0);
+        }
+        [InFlight(map.clone(), "*".into()), InFlight(map.clone(), path.into())]
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().get_mut(&self.1).unwrap().0 -= 1;
+    }
 }
 
 impl Receiver {
     async fn start(script: impl Fn(&str, usize) -> Act + Send + Sync + 'static) -> (Receiver, String) {
-        let receiver = Receiver { hits: Arc::default(), script: Arc::new(script) };
+        let receiver = Receiver { hits: Arc::default(), script: Arc::new(script), concurrency: Arc::default() };
         let app = axum::Router::new().route("/{*path}", axum::routing::post(receive)).with_state(receiver.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -57,6 +80,15 @@ impl Receiver {
 
     fn hits(&self, path: &str) -> Vec<Hit> {
         self.hits.lock().unwrap().iter().filter(|h| h.path == path).cloned().collect()
+    }
+
+    fn all_hits(&self) -> usize {
+        self.hits.lock().unwrap().len()
+    }
+
+    /// (in flight now, most at once) for a path, or "*" for all.
+    fn concurrency(&self, key: &str) -> (usize, usize) {
+        self.concurrency.lock().unwrap().get(key).copied().unwrap_or_default()
     }
 }
 
@@ -68,6 +100,7 @@ async fn receive(State(r): State<Receiver>, Path(path): Path<String>, headers: H
         hits.push(Hit { path: path.clone(), headers, body: body.to_vec(), at: Instant::now() });
         n
     };
+    let _in_flight = InFlight::enter(&r.concurrency, &path);
     match (r.script)(&path, n) {
         Act::Status(s) => StatusCode::from_u16(s).unwrap().into_response(),
         Act::Slow(d, s) => {
@@ -120,6 +153,12 @@ impl Worker {
     async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap().unwrap();
+    }
+
+    /// A stand-in that is already stopped (for a test that stopped the real one itself).
+    fn start_paused() -> Worker {
+        let shutdown = CancellationToken::new();
+        Worker { metrics: railhook_worker::WorkerMetrics::new(), shutdown, task: tokio::spawn(async { Ok(()) }) }
     }
 }
 
@@ -362,5 +401,180 @@ async fn a_dead_endpoint_does_not_delay_a_healthy_one_on_its_partition() {
     eprintln!("isolation: 20 healthy deliveries done {spread:?} after the first event, while {} Attempts to the dead endpoint hung", dead_hits.len());
     assert!(dead_hits.len() >= 10, "the dead endpoint's Attempts were running meanwhile");
     assert!(spread < Duration::from_secs(5), "healthy deliveries took {spread:?}");
+    sys.stop().await;
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// 6.4: at most `worker.endpoint_concurrency` Attempts per endpoint and
+/// `worker.project_concurrency` per project at once, with two worker processes sharing the
+/// work; the Deferrals spend no Attempt.
+#[tokio::test]
+async fn concurrency_limits_hold_across_two_workers_and_spend_no_attempt() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(300), 200)).await;
+    let sys = System::start(|c| {
+        c.kafka.partitions = 4;
+        // With two workers in the group, an announcement is occasionally never delivered to
+        // either consumer (see NOTES.md); the scheduler then announces the retry again.
+        c.worker.retry_reannounce_after_seconds = 3;
+        c.worker.endpoint_concurrency = 2;
+        c.worker.project_concurrency = 3;
+    })
+    .await;
+    let second = Worker::start(&sys.config);
+    let urls: Vec<String> = (0..4).map(|i| format!("{base}/ep{i}")).collect();
+    let (fixture, _) = Fixture::create_with(&sys.client, &urls, &spec(&[1], 3, 10)).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..6 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    assert_eq!(deliveries.len(), 24);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&sys.client, "SELECT count(*) FROM deliveries WHERE status <> 'SUCCESS'").await > 0 {
+        if Instant::now() > deadline {
+            let rows = sys
+                .client
+                .query("SELECT id::text, status::text, attempt_count, next_retry_at::text, claim_token::text, last_announced_at::text, now()::text FROM deliveries WHERE status <> 'SUCCESS'", &[])
+                .await
+                .unwrap();
+            let rows: Vec<Vec<Option<String>>> = rows.iter().map(|r| (0..7).map(|i| if i == 2 { Some(r.get::<_, i32>(2).to_string()) } else { r.get(i) }).collect()).collect();
+            // Where are the stuck Deliveries' announcements, and what did the group commit?
+            use rdkafka::consumer::{BaseConsumer, Consumer};
+            use rdkafka::Message;
+            let topic = sys.config.deliveries_topic();
+            let reader: BaseConsumer = railhook_kafka::client_config(&sys.config.kafka).set("group.id", format!("dbg{}", uuid::Uuid::new_v4().simple())).set("auto.offset.reset", "earliest").create().unwrap();
+            reader.subscribe(&[&topic]).unwrap();
+            let stuck: Vec<String> = rows.iter().map(|r| railhook_core::DeliveryId(r[0].as_ref().unwrap().parse().unwrap()).to_string()).collect();
+            let mut found = Vec::new();
+            let until = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < until {
+                if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+                    let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).to_string();
+                    if stuck.iter().any(|d| v.contains(d.as_str())) {
+                        found.push((m.partition(), m.offset(), v));
+                    }
+                }
+            }
+            let group: BaseConsumer = railhook_kafka::client_config(&sys.config.kafka).set("group.id", &sys.config.worker.group_id).create().unwrap();
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..4 {
+                tpl.add_partition(&topic, p);
+            }
+            let committed = group.committed_offsets(tpl, Duration::from_secs(5)).map(|t| t.elements().iter().map(|e| (e.partition(), format!("{:?}", e.offset()))).collect::<Vec<_>>());
+            let activity = sys.client.query("SELECT state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[]).await.unwrap();
+            let activity: Vec<Vec<Option<String>>> = activity.iter().map(|r| (0..4).map(|i| r.get(i)).collect()).collect();
+            panic!(
+                "unsettled: {rows:?}; their announcements {found:?}; committed {committed:?}; scheduled {} + {}; in flight {} + {}; bad {} + {}; activity {activity:?}",
+                sys.worker.metrics.scheduled.get(),
+                second.metrics.scheduled.get(),
+                sys.worker.metrics.in_flight.get(),
+                second.metrics.in_flight.get(),
+                sys.worker.metrics.bad_messages.get(),
+                second.metrics.bad_messages.get()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deferred: u64 = [&sys.worker.metrics, &second.metrics].iter().map(|m| m.deferrals.with_label_values(&["project_concurrency"]).get() + m.deferrals.with_label_values(&["endpoint_concurrency"]).get()).sum();
+    let (_, most) = receiver.concurrency("*");
+    let per_endpoint: Vec<usize> = (0..4).map(|i| receiver.concurrency(&format!("/ep{i}")).1).collect();
+    eprintln!("concurrency: at most {most} at once in the project, {per_endpoint:?} per endpoint; {deferred} deferrals");
+    assert!(most <= 3, "project limit: {most} at once");
+    assert!(per_endpoint.iter().all(|&m| m <= 2), "endpoint limit: {per_endpoint:?}");
+    assert!(deferred > 0, "the limits deferred work");
+    assert_eq!(receiver.all_hits(), 24, "one request per Delivery");
+    assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 24, "Deferrals spent no Attempt");
+    assert_eq!(count(&sys.client, "SELECT coalesce(sum(attempt_count), 0)::bigint FROM deliveries").await, 24);
+    second.stop().await;
+    sys.stop().await;
+}
+
+/// The endpoint's `rate_limit_per_second`: 8 Deliveries at 2 per second need 4 one-second
+/// windows, so the first and the last arrive more than 2 s apart.
+#[tokio::test]
+async fn the_endpoint_rate_limit_spaces_attempts() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|_| {}).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/rated")], &spec(&[1], 3, 10)).await;
+    sys.client.execute("UPDATE endpoints SET rate_limit_per_second = 2", &[]).await.unwrap();
+    let mut deliveries = Vec::new();
+    for _ in 0..8 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let hits = receiver.hits("/rated");
+    assert_eq!(hits.len(), 8);
+    let spread = hits.iter().map(|h| h.at).max().unwrap() - hits.iter().map(|h| h.at).min().unwrap();
+    eprintln!("rate limit 2/s: 8 deliveries spread over {spread:?}");
+    assert!(spread >= Duration::from_millis(1_900), "8 at 2/s arrived within {spread:?}");
+    assert!(sys.worker.metrics.deferrals.with_label_values(&["endpoint_rate"]).get() > 0);
+    assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 8);
+    sys.stop().await;
+}
+
+/// The circuit breaker: three failures in a row open it (min volume 3, ratio 0.5); during
+/// the cool-down nothing is sent; then one probe; a failed probe reopens it, a successful
+/// one closes it.
+#[tokio::test]
+async fn the_circuit_opens_defers_probes_and_closes() {
+    let (receiver, base) = Receiver::start(|_, n| if n < 4 { Act::Status(500) } else { Act::Status(200) }).await;
+    let sys = System::start(|c| {
+        c.worker.endpoint_concurrency = 1;
+        c.worker.circuit_min_requests = 3;
+        c.worker.circuit_failure_ratio = 0.5;
+        c.worker.circuit_cooldown_seconds = 2;
+    })
+    .await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/breaker")], &spec(&[1], 10, 10)).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..3 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    let m = &sys.worker.metrics;
+    let change = |c: &str| m.circuit_changes.with_label_values(&[c]).get();
+    eventually(Duration::from_secs(30), "the circuit to open", || async { (change("opened") == 1).then_some(()) }).await;
+    let at_open = receiver.hits("/breaker").len();
+    assert_eq!(at_open, 3, "opened after the third failure");
+    eventually(Duration::from_secs(30), "the failed probe to reopen it", || async { (change("reopened") == 1).then_some(()) }).await;
+    assert_eq!(receiver.hits("/breaker").len(), 4, "exactly one probe after the cool-down");
+    eventually(Duration::from_secs(30), "the next probe to close it", || async { (change("closed") == 1).then_some(()) }).await;
+    assert_eq!(receiver.hits("/breaker").len(), 5);
+    let hits = receiver.hits("/breaker");
+    assert!(hits[3].at - hits[2].at >= Duration::from_millis(1_900), "the cool-down held: {:?}", hits[3].at - hits[2].at);
+    assert!(m.deferrals.with_label_values(&["circuit_open"]).get() > 0, "retries were deferred while open");
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    sys.stop().await;
+}
+
+/// 9: SIGTERM lets Attempts in flight finish within the grace period, and releases the
+/// Claims of those that outlive it: no Attempt spent, nothing left PROCESSING.
+#[tokio::test]
+async fn shutdown_finishes_in_flight_attempts_then_releases_the_rest() {
+    let (receiver, base) = Receiver::start(|path, _| if path == "/slow" { Act::Slow(Duration::from_millis(800), 200) } else { Act::Hang }).await;
+    let sys = System::start(|c| c.worker.shutdown_grace_ms = 3_000).await;
+    let urls = [format!("{base}/slow"), format!("{base}/hang")];
+    let (fixture, _) = Fixture::create_with(&sys.client, &urls, &spec(&[60], 3, 20)).await;
+    let deliveries = fixture.ingest(&sys.pool, "order.created").await;
+    eventually(Duration::from_secs(30), "both requests in flight", || async { (receiver.concurrency("*").0 == 2).then_some(()) }).await;
+    let started = Instant::now();
+    let System { db, config, client, pool, relay, worker } = sys;
+    worker.stop().await;
+    let took = started.elapsed();
+    let sys = System { db, config, client, pool, relay, worker: Worker::start_paused() };
+    eprintln!("shutdown: drained in {took:?}");
+    assert!(took >= Duration::from_millis(2_500) && took < Duration::from_secs(10), "waited the grace period: {took:?}");
+    let statuses: Vec<(String, i32)> = futures::future::join_all(deliveries.iter().map(|d| sys.status(d))).await;
+    let slow = statuses[0].clone();
+    let hang = statuses[1].clone();
+    assert_eq!(slow, ("SUCCESS".to_string(), 1), "the slow Attempt finished within the grace period");
+    assert_eq!(hang, ("PENDING".to_string(), 0), "the hanging one was released, no Attempt spent");
+    assert_eq!(count(&sys.client, "SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'").await, 0);
+    assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 1);
     sys.stop().await;
 }

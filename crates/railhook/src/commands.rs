@@ -13,10 +13,9 @@ use railhook_telemetry::{Metrics, Ops, ReadyCheck};
 use tokio_util::sync::CancellationToken;
 
 async fn connect(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, connection) = tokio_postgres::connect(&config.database.url, tokio_postgres::NoTls)
+    let (client, _connection) = railhook_store::connect(&config.database.url)
         .await
         .with_context(|| format!("connecting to {}", railhook_config::redact_url(&config.database.url)))?;
-    tokio::spawn(connection);
     Ok(client)
 }
 
@@ -117,8 +116,7 @@ fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
             Arc::new(move || -> CheckFuture {
                 let url = pg.database.url.clone();
                 Box::pin(async move {
-                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.map_err(|e| e.to_string())?;
-                    tokio::spawn(conn);
+                    let (client, _conn) = railhook_store::connect(&url).await.map_err(|e| e.to_string())?;
                     client.simple_query("SELECT 1").await.map(|_| ()).map_err(|e| e.to_string())
                 })
             }) as ReadyCheck,
@@ -152,10 +150,30 @@ pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
+    let config = Arc::new(config);
+    let metrics = Metrics::new();
+    let worker_metrics = railhook_worker::WorkerMetrics::new();
+    worker_metrics.register(metrics.registry())?;
+    let listen = config.worker.ops_listen;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding worker.ops_listen {listen}"))?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    let ops = railhook_telemetry::ops_router(Ops::new(metrics, relay_checks(&config)));
+    let server = tokio::spawn(railhook_telemetry::serve(listener, ops, shutdown.clone()));
+    let result = railhook_worker::run(config, worker_metrics, shutdown.clone()).await;
+    shutdown.cancel();
+    server.await??;
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The API, the relay and the worker in one process, with one /metrics (the API's).
 pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
-    tracing::warn!("railhook all runs the API and the relay: the worker is not built yet");
     let metrics = Metrics::new();
     let relay_metrics = relay_metrics(&metrics)?;
+    let worker_metrics = railhook_worker::WorkerMetrics::new();
+    worker_metrics.register(metrics.registry())?;
     let listen = config.api.listen;
     let state = api_state(config, metrics).await?;
     let config = state.config.clone();
@@ -163,11 +181,14 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     let api = tokio::spawn(railhook_api::run(state, listener, shutdown.clone()));
+    let worker = tokio::spawn(railhook_worker::run(config.clone(), worker_metrics, shutdown.clone()));
     let relay = railhook_relay::run(config, relay_metrics, shutdown.clone()).await;
-    // A relay that stopped on its own (fatal error) takes the process down with it.
+    // A component that stopped on its own (a fatal error) takes the process down with it.
     shutdown.cancel();
+    let worker = worker.await?;
     api.await??;
     relay?;
+    worker?;
     Ok(ExitCode::SUCCESS)
 }
 

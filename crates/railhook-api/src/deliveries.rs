@@ -1,0 +1,393 @@
+//! `/v1/deliveries` and `/v1/failed-messages`: reading Deliveries and their Attempts, the
+//! Failed Messages (DLQ), and putting Failed Messages back on the Retry Ladder, one at a
+//! time or in bulk.
+//!
+//! A retry adds Attempts (`extra_attempts`, 1 to 20, default 1) beyond those already made,
+//! restarts the ladder window the hard cap is measured from, and announces the Delivery
+//! through the Outbox in the same statement (`railhook_store::deliveries`).
+
+use std::ops::RangeInclusive;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRequest, Path, Query, State};
+use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use railhook_core::pattern::EventType;
+use railhook_core::{AttemptId, DeliveryId, DeliveryStatus, EndpointId, EventId};
+use railhook_store::deliveries::{
+    self, Attempt, BulkSelection, Delivery, DeliveryFilter, FailedFilter, FailedMessage, RetryOutcome, SkippedDelivery,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{parse_id, ApiJson, Project};
+use crate::pagination::{page, List, PageParams};
+use crate::AppState;
+
+/// Attempts a retry adds; 1 when not given.
+pub const EXTRA_ATTEMPTS: RangeInclusive<i64> = 1..=20;
+pub const DEFAULT_EXTRA_ATTEMPTS: i64 = 1;
+/// Ids one bulk retry may list, and Deliveries one bulk retry by filter may touch: each call
+/// is one statement, and this bounds how long it holds its row locks.
+pub const MAX_BULK_RETRY: usize = 1000;
+
+// ---- Input checks ----------------------------------------------------------------------
+
+fn bad_query(field: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request("invalid_query", message).with_field(field)
+}
+
+/// A query string that does not deserialize: an unknown or repeated parameter. The field is
+/// named when serde names it.
+fn query_rejection(e: QueryRejection) -> ApiError {
+    let text = e.body_text();
+    let field = text.split_once("field `").and_then(|(_, rest)| rest.split('`').next()).map(str::to_string);
+    let error = ApiError::bad_request("invalid_query", text);
+    match field {
+        Some(f) => error.with_field(f),
+        None => error,
+    }
+}
+
+fn parse_time(raw: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(raw).ok().map(|t| t.with_timezone(&Utc))
+}
+
+const TIME_HINT: &str = "an RFC 3339 time such as 2026-01-31T12:00:00Z";
+
+fn query_time(field: &'static str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    raw.map(|s| parse_time(s).ok_or_else(|| bad_query(field, format!("{field} must be {TIME_HINT}")))).transpose()
+}
+
+fn query_id<T: std::str::FromStr>(field: &'static str, raw: Option<&str>) -> Result<Option<T>, ApiError>
+where
+    T::Err: std::fmt::Display,
+{
+    raw.map(|s| s.parse::<T>().map_err(|e| bad_query(field, format!("{field}: {e}")))).transpose()
+}
+
+/// Whether the time range `[after, before)` can hold nothing.
+fn empty_range(after: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>) -> bool {
+    matches!((after, before), (Some(a), Some(b)) if b <= a)
+}
+
+fn empty_range_message(before_field: &str, after_field: &str) -> String {
+    format!("{before_field} must be later than {after_field}: the range is empty")
+}
+
+fn check_extra_attempts(value: Option<i64>) -> Result<i32, ApiError> {
+    let n = value.unwrap_or(DEFAULT_EXTRA_ATTEMPTS);
+    if !EXTRA_ATTEMPTS.contains(&n) {
+        return Err(ApiError::invalid(
+            "extra_attempts",
+            format!("extra_attempts must be from {} to {}", EXTRA_ATTEMPTS.start(), EXTRA_ATTEMPTS.end()),
+        ));
+    }
+    // At most 20: fits.
+    Ok(n as i32)
+}
+
+/// A JSON body that may also be left out entirely (no body, no `Content-Type`): then
+/// `T::default()`. A body that is there goes through [`ApiJson`], with its errors.
+// The same as the rotate-secret body of endpoints.rs; a candidate for extract.rs.
+async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(crate::extract::body_rejection)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let mut request = Request::new(axum::body::Body::from(bytes));
+    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
+        request.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
+    }
+    let ApiJson(value) = ApiJson::<T>::from_request(request, &()).await?;
+    Ok(value)
+}
+
+// ---- Deliveries ------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub status: Option<String>,
+    pub endpoint_id: Option<String>,
+    pub event_id: Option<String>,
+    pub created_after: Option<String>,
+    pub created_before: Option<String>,
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// The project's Deliveries in id (= creation) order, filtered.
+#[utoipa::path(get, path = "/v1/deliveries", tag = "deliveries",
+    params(("status" = Option<String>, Query, description = "PENDING, PROCESSING, SUCCESS or FAILED"),
+           ("endpoint_id" = Option<String>, Query, description = "ep_..."), ("event_id" = Option<String>, Query, description = "evt_..."),
+           ("created_after" = Option<String>, Query, description = "RFC 3339, inclusive"), ("created_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = crate::pagination::List<Delivery>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn list(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Json<List<Delivery>>> {
+    let Query(q) = query.map_err(query_rejection)?;
+    let paging = PageParams { limit: q.limit, cursor: q.cursor };
+    let limit = paging.limit()?;
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| s.parse::<DeliveryStatus>().map_err(|_| bad_query("status", "status must be PENDING, PROCESSING, SUCCESS or FAILED")))
+        .transpose()?;
+    let created_after = query_time("created_after", q.created_after.as_deref())?;
+    let created_before = query_time("created_before", q.created_before.as_deref())?;
+    if empty_range(created_after, created_before) {
+        return Err(bad_query("created_before", empty_range_message("created_before", "created_after")));
+    }
+    let filter = DeliveryFilter {
+        status,
+        endpoint_id: query_id::<EndpointId>("endpoint_id", q.endpoint_id.as_deref())?,
+        event_id: query_id::<EventId>("event_id", q.event_id.as_deref())?,
+        created_after,
+        created_before,
+        after: paging.cursor::<DeliveryId>()?,
+        limit: limit + 1,
+    };
+    let client = state.pool.get().await?;
+    let rows = deliveries::list_deliveries(&**client, principal.project_id, &filter).await?;
+    Ok(Json(page(rows, limit, |d| d.id.to_string())))
+}
+
+#[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id (dlv_...)")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = Delivery), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Delivery>> {
+    let id: DeliveryId = parse_id("id", &id)?;
+    let client = state.pool.get().await?;
+    let delivery = deliveries::get_delivery(&**client, principal.project_id, id).await?.ok_or_else(|| ApiError::not_found("delivery"))?;
+    Ok(Json(delivery))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// The Delivery's Attempts in attempt order, with what the receiver answered.
+#[utoipa::path(get, path = "/v1/deliveries/{id}/attempts", tag = "deliveries",
+    params(("id" = String, Path, description = "Delivery id (dlv_...)"),
+           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = crate::pagination::List<Attempt>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn attempts(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> ApiResult<Json<List<Attempt>>> {
+    let id: DeliveryId = parse_id("id", &id)?;
+    let Query(q) = query.map_err(query_rejection)?;
+    let paging = PageParams { limit: q.limit, cursor: q.cursor };
+    let limit = paging.limit()?;
+    let after = paging.cursor::<AttemptId>()?;
+    let client = state.pool.get().await?;
+    let rows = deliveries::list_attempts(&**client, principal.project_id, id, after, limit + 1)
+        .await?
+        .ok_or_else(|| ApiError::not_found("delivery"))?;
+    Ok(Json(page(rows, limit, |a| a.id.to_string())))
+}
+
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryDelivery {
+    /// Attempts to add beyond those made: 1 to 20, default 1.
+    pub extra_attempts: Option<i64>,
+}
+
+/// Put a FAILED Delivery back on its Retry Ladder: PENDING, due now, with `extra_attempts`
+/// more Attempts and a fresh hard-cap window, announced through the Outbox in the same
+/// statement. The body is optional.
+#[utoipa::path(post, path = "/v1/deliveries/{id}/retry", tag = "deliveries",
+    request_body(content = RetryDelivery, description = "Optional; may be left out entirely"),
+    params(("id" = String, Path, description = "Delivery id (dlv_...)")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 202, description = "Back on the ladder", body = Delivery),
+        (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::openapi::ErrorBody),
+        (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn retry(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(StatusCode, Json<Delivery>)> {
+    let id: DeliveryId = parse_id("id", &id)?;
+    let body: RetryDelivery = optional_json(&headers, body).await?;
+    let extra = check_extra_attempts(body.extra_attempts)?;
+    let client = state.pool.get().await?;
+    match deliveries::retry(&**client, principal.project_id, id, extra).await? {
+        RetryOutcome::Retried(delivery) => Ok((StatusCode::ACCEPTED, Json(*delivery))),
+        RetryOutcome::NotFailed(status) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_failed",
+            format!("only a FAILED delivery can be retried; this one is {status}"),
+        )),
+        RetryOutcome::NotFound => Err(ApiError::not_found("delivery")),
+    }
+}
+
+// ---- Failed Messages -------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailedQuery {
+    pub endpoint_id: Option<String>,
+    pub event_type: Option<String>,
+    pub completed_after: Option<String>,
+    pub completed_before: Option<String>,
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+/// Failed Messages: the project's FAILED Deliveries in id (= creation) order, filtered by
+/// Endpoint, event type and when they failed.
+#[utoipa::path(get, path = "/v1/failed-messages", tag = "failed-messages",
+    params(("endpoint_id" = Option<String>, Query, description = "ep_..."), ("event_type" = Option<String>, Query, description = "An exact event type"),
+           ("completed_after" = Option<String>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 200, body = crate::pagination::List<FailedMessage>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn failed(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    query: Result<Query<FailedQuery>, QueryRejection>,
+) -> ApiResult<Json<List<FailedMessage>>> {
+    let Query(q) = query.map_err(query_rejection)?;
+    let paging = PageParams { limit: q.limit, cursor: q.cursor };
+    let limit = paging.limit()?;
+    if let Some(t) = &q.event_type {
+        EventType::parse(t).map_err(|e| bad_query("event_type", format!("event_type: {e}")))?;
+    }
+    let completed_after = query_time("completed_after", q.completed_after.as_deref())?;
+    let completed_before = query_time("completed_before", q.completed_before.as_deref())?;
+    if empty_range(completed_after, completed_before) {
+        return Err(bad_query("completed_before", empty_range_message("completed_before", "completed_after")));
+    }
+    let filter = FailedFilter {
+        endpoint_id: query_id::<EndpointId>("endpoint_id", q.endpoint_id.as_deref())?,
+        event_type: q.event_type,
+        completed_after,
+        completed_before,
+    };
+    let after = paging.cursor::<DeliveryId>()?;
+    let client = state.pool.get().await?;
+    let rows = deliveries::list_failed(&**client, principal.project_id, &filter, after, limit + 1).await?;
+    Ok(Json(page(rows, limit, |f| f.delivery_id.to_string())))
+}
+
+/// Which Failed Messages a bulk retry by filter takes; every field is optional and `{}`
+/// takes them all (up to `limit`).
+#[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailedMessageFilter {
+    #[schema(value_type = Option<String>)]
+    pub endpoint_id: Option<EndpointId>,
+    /// An exact event type.
+    pub event_type: Option<String>,
+    /// RFC 3339, inclusive.
+    pub completed_after: Option<String>,
+    /// RFC 3339, exclusive.
+    pub completed_before: Option<String>,
+}
+
+/// Exactly one of `ids` and `filter`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkRetry {
+    /// Up to 1000 Delivery ids. Unknown ones, other projects' and those not FAILED are
+    /// reported in `skipped`, not refused.
+    #[schema(value_type = Option<Vec<String>>)]
+    pub ids: Option<Vec<DeliveryId>>,
+    pub filter: Option<FailedMessageFilter>,
+    /// Attempts to add to each: 1 to 20, default 1.
+    pub extra_attempts: Option<i64>,
+    /// With `filter` only: how many to retry at most, 1 to 1000, default 1000 (oldest
+    /// first). Call again until `retried` is 0 to drain a larger backlog.
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BulkRetried {
+    /// How many were put back on the ladder.
+    pub retried: usize,
+    /// Their ids, in id order.
+    #[schema(value_type = Vec<String>)]
+    pub ids: Vec<DeliveryId>,
+    /// For a retry by ids: those not retried, and why.
+    pub skipped: Vec<SkippedDelivery>,
+}
+
+fn body_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
+    raw.map(|s| parse_time(s).ok_or_else(|| ApiError::invalid(field, format!("{field} must be {TIME_HINT}")))).transpose()
+}
+
+fn failed_filter(f: FailedMessageFilter) -> Result<FailedFilter, ApiError> {
+    if let Some(t) = &f.event_type {
+        EventType::parse(t).map_err(|e| ApiError::invalid("filter.event_type", format!("filter.event_type: {e}")))?;
+    }
+    let completed_after = body_time("filter.completed_after", f.completed_after.as_deref())?;
+    let completed_before = body_time("filter.completed_before", f.completed_before.as_deref())?;
+    if empty_range(completed_after, completed_before) {
+        return Err(ApiError::invalid("filter.completed_before", empty_range_message("filter.completed_before", "filter.completed_after")));
+    }
+    Ok(FailedFilter { endpoint_id: f.endpoint_id, event_type: f.event_type, completed_after, completed_before })
+}
+
+fn ids_or_filter(field: &str, message: &str) -> ApiError {
+    ApiError::bad_request("ids_or_filter", message).with_field(field)
+}
+
+/// Retry many Failed Messages in one statement: the listed `ids`, or those matching
+/// `filter` (at most `limit`). Deliveries another request is changing at that moment are
+/// skipped rather than waited for.
+#[utoipa::path(post, path = "/v1/failed-messages/retry", tag = "failed-messages", request_body = BulkRetry,
+    security(("api_key" = []), ("api_key_header" = [])),
+    responses((status = 202, description = "Those retried, and (by ids) those skipped", body = BulkRetried),
+        (status = 400, description = "Malformed JSON, or not exactly one of ids and filter (code ids_or_filter)", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+pub async fn retry_failed(
+    Project(principal): Project,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<BulkRetry>,
+) -> ApiResult<(StatusCode, Json<BulkRetried>)> {
+    let filter;
+    let selection = match (body.ids.as_deref(), body.filter) {
+        (Some(_), Some(_)) => return Err(ids_or_filter("filter", "give either ids or filter, not both")),
+        (None, None) => return Err(ids_or_filter("ids", "give ids (a list of delivery ids) or filter (which Failed Messages to retry)")),
+        (Some(ids), None) => {
+            if body.limit.is_some() {
+                return Err(ApiError::invalid("limit", "limit goes with filter; with ids, every listed delivery is retried"));
+            }
+            if ids.is_empty() || ids.len() > MAX_BULK_RETRY {
+                return Err(ApiError::invalid("ids", format!("ids must list 1 to {MAX_BULK_RETRY} delivery ids")));
+            }
+            BulkSelection::Ids(ids)
+        }
+        (None, Some(f)) => {
+            let limit = body.limit.unwrap_or(MAX_BULK_RETRY as i64);
+            if !(1..=MAX_BULK_RETRY as i64).contains(&limit) {
+                return Err(ApiError::invalid("limit", format!("limit must be from 1 to {MAX_BULK_RETRY}")));
+            }
+            filter = failed_filter(f)?;
+            BulkSelection::Filter(&filter, limit)
+        }
+    };
+    let extra = check_extra_attempts(body.extra_attempts)?;
+    let client = state.pool.get().await?;
+    let outcome = deliveries::retry_many(&**client, principal.project_id, selection, extra).await?;
+    Ok((StatusCode::ACCEPTED, Json(BulkRetried { retried: outcome.retried.len(), ids: outcome.retried, skipped: outcome.skipped })))
+}
