@@ -395,12 +395,19 @@ async fn a_dead_endpoint_does_not_delay_a_healthy_one_on_its_partition() {
     })
     .await;
     let dead_hits = receiver.hits("/dead");
-    let first = created.values().min().copied().unwrap();
-    let last_healthy = receiver.hits("/healthy").iter().map(|h| h.at).max().unwrap();
-    let spread = last_healthy - first;
-    eprintln!("isolation: 20 healthy deliveries done {spread:?} after the first event, while {} Attempts to the dead endpoint hung", dead_hits.len());
+    // Each healthy Delivery's delay: from its event's ingest to its arrival.
+    let delays: Vec<Duration> = receiver
+        .hits("/healthy")
+        .iter()
+        .map(|h| h.at - created[h.headers["webhook-id"].to_str().unwrap()])
+        .collect();
+    let worst = delays.iter().max().copied().unwrap();
+    let mut sorted = delays.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    eprintln!("isolation: healthy endpoint delay median {median:?}, worst {worst:?}, while {} Attempts to the dead endpoint on the same partition hung", dead_hits.len());
     assert!(dead_hits.len() >= 10, "the dead endpoint's Attempts were running meanwhile");
-    assert!(spread < Duration::from_secs(5), "healthy deliveries took {spread:?}");
+    assert!(worst < Duration::from_secs(2), "a healthy delivery waited {worst:?}");
     sys.stop().await;
 }
 
