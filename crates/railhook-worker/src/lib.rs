@@ -100,7 +100,14 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
     let mut tasks: JoinSet<()> = JoinSet::new();
     let store = |tracker_next: Option<i64>, partition: i32, consumer: &StreamConsumer| {
         if let Some(next) = tracker_next {
-            if let Err(e) = consumer.store_offset(topic, partition, next) {
+            // `rd_kafka_offsets_store` stores the offset as given: the next one to read.
+            // (`Consumer::store_offset` wraps the legacy `rd_kafka_offset_store`, which stores
+            // offset + 1; passing it the next offset skipped one message after a rebalance.)
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            let stored = tpl
+                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(next))
+                .and_then(|()| consumer.store_offsets(&tpl));
+            if let Err(e) = stored {
                 tracing::debug!(error = %e, partition, "cannot store offset (partition revoked?)");
             }
         }
@@ -110,11 +117,7 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((partition, offset)) = done_rx.recv() => {
-                let next = tracker.done(partition, offset);
-                tracing::trace!(partition, offset, ?next, "claim step done");
-                store(next, partition, &consumer)
-            }
+            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             message = consumer.recv(), if permits.available_permits() > 0 => {
                 let message = match message {
@@ -125,7 +128,6 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
                     }
                 };
                 let (partition, offset) = (message.partition(), message.offset());
-                tracing::trace!(partition, offset, "announcement received");
                 let hint = consumer::parse_hint(message.payload().unwrap_or_default());
                 drop(message);
                 tracker.started(partition, offset);

@@ -423,9 +423,6 @@ async fn concurrency_limits_hold_across_two_workers_and_spend_no_attempt() {
     let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(300), 200)).await;
     let sys = System::start(|c| {
         c.kafka.partitions = 4;
-        // With two workers in the group, an announcement is occasionally never delivered to
-        // either consumer (see NOTES.md); the scheduler then announces the retry again.
-        c.worker.retry_reannounce_after_seconds = 3;
         c.worker.endpoint_concurrency = 2;
         c.worker.project_concurrency = 3;
     })
