@@ -188,6 +188,7 @@ struct StatsCollector {
     errors: IntCounter,
     read: IntCounter,
     live: IntGauge,
+    in_flight: IntGauge,
     descs: Vec<Desc>,
 }
 
@@ -197,9 +198,11 @@ impl StatsCollector {
         let errors = IntCounter::new("railhook_relay_produce_errors_total", "Announcements Kafka refused (the relay restarts from the slot).").expect("valid metric");
         let read = IntCounter::new("railhook_relay_outbox_rows_read_total", "Outbox inserts read from the stream (or claimed by the poller).").expect("valid metric");
         let live = IntGauge::new("railhook_relay_stream_live", "1 while this relay streams from the slot and its liveness marker came back.").expect("valid metric");
+        let in_flight = IntGauge::new("railhook_relay_messages_in_flight", "Announcements handed to the producer that Kafka has not acknowledged yet.").expect("valid metric");
         let mut descs: Vec<Desc> = [&produced, &errors, &read].iter().flat_map(|c| c.desc().into_iter().cloned()).collect();
         descs.extend(live.desc().into_iter().cloned());
-        StatsCollector { stats, produced, errors, read, live, descs }
+        descs.extend(in_flight.desc().into_iter().cloned());
+        StatsCollector { stats, produced, errors, read, live, in_flight, descs }
     }
 }
 
@@ -221,6 +224,8 @@ impl Collector for StatsCollector {
         self.live.set(self.stats.live.load(Ordering::Relaxed) as i64);
         let mut families: Vec<MetricFamily> = [&self.produced, &self.errors, &self.read].iter().flat_map(|c| c.collect()).collect();
         families.extend(self.live.collect());
+        self.in_flight.set(self.stats.in_flight.load(Ordering::Relaxed) as i64);
+        families.extend(self.in_flight.collect());
         families
     }
 }
@@ -323,9 +328,9 @@ mod tests {
         assert!(text.contains("railhook_relay_last_feedback_age_seconds{slot=\"s\"} 1.5"));
         metrics.observe(&sample("lost"));
         let families = registry.gather();
-        let wal = families.iter().find(|f| f.get_name() == "railhook_relay_slot_wal_status").unwrap();
+        let wal = families.iter().find(|f| f.name() == "railhook_relay_slot_wal_status").unwrap();
         let ones: Vec<_> = wal.get_metric().iter().filter(|m| m.get_gauge().get_value() == 1.0).collect();
         assert_eq!(ones.len(), 1);
-        assert!(ones[0].get_label().iter().any(|l| l.get_value() == "lost"));
+        assert!(ones[0].get_label().iter().any(|l| l.value() == "lost"));
     }
 }

@@ -261,6 +261,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
         let started = Instant::now();
         let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
         metrics.stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
+        metrics.stats.in_flight.store(0, std::sync::atomic::Ordering::Relaxed);
         match result {
             Ok(()) => return Ok(()),
             Err(e) if e.is_slot_in_use() => {

@@ -13,6 +13,11 @@ use std::collections::VecDeque;
 
 use railhook_core::Lsn;
 
+/// The replication stream's messages arrived in an impossible order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("replication stream out of order: {0}")]
+pub struct OrderError(pub &'static str);
+
 /// Identifies the transaction a produced message belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
@@ -49,27 +54,37 @@ impl Progress {
         self.txns.len()
     }
 
-    pub fn begin(&mut self) {
-        assert!(!self.open, "Begin inside an open transaction: the stream is out of order");
+    /// Errors (instead of panicking) when the stream's order is wrong: these come from the
+    /// network, so the relay reports them and restarts from the slot.
+    pub fn begin(&mut self) -> Result<(), OrderError> {
+        if self.open {
+            return Err(OrderError("Begin inside an open transaction"));
+        }
         self.txns.push_back(Txn { seq: self.next_seq, outstanding: 0, end_lsn: None });
         self.next_seq += 1;
         self.open = true;
+        Ok(())
     }
 
     /// A message of the open transaction was handed to the producer.
-    pub fn produced(&mut self) -> Ticket {
-        assert!(self.open, "a change outside a transaction");
+    pub fn produced(&mut self) -> Result<Ticket, OrderError> {
+        if !self.open {
+            return Err(OrderError("a change outside a transaction"));
+        }
         let txn = self.txns.back_mut().expect("open transaction is queued");
         txn.outstanding += 1;
-        Ticket(txn.seq)
+        Ok(Ticket(txn.seq))
     }
 
-    pub fn commit(&mut self, end_lsn: Lsn) {
-        assert!(self.open, "Commit without Begin");
+    pub fn commit(&mut self, end_lsn: Lsn) -> Result<(), OrderError> {
+        if !self.open {
+            return Err(OrderError("Commit without Begin"));
+        }
         self.open = false;
         let txn = self.txns.back_mut().expect("open transaction is queued");
         txn.end_lsn = Some(end_lsn);
         self.advance();
+        Ok(())
     }
 
     /// Kafka acknowledged the message behind `ticket`.
@@ -111,13 +126,13 @@ mod tests {
     #[test]
     fn advances_only_over_fully_acked_commits_in_order() {
         let mut p = Progress::new(Lsn(100));
-        p.begin();
-        let a1 = p.produced();
-        let a2 = p.produced();
-        p.commit(Lsn(200));
-        p.begin();
-        let b1 = p.produced();
-        p.commit(Lsn(300));
+        p.begin().unwrap();
+        let a1 = p.produced().unwrap();
+        let a2 = p.produced().unwrap();
+        p.commit(Lsn(200)).unwrap();
+        p.begin().unwrap();
+        let b1 = p.produced().unwrap();
+        p.commit(Lsn(300)).unwrap();
         assert_eq!(p.confirmed(), Lsn(100));
         p.acked(b1); // later transaction first: nothing moves
         assert_eq!(p.confirmed(), Lsn(100));
@@ -131,21 +146,21 @@ mod tests {
     #[test]
     fn open_transaction_is_not_confirmable_even_if_acked() {
         let mut p = Progress::new(Lsn(10));
-        p.begin();
-        let t = p.produced();
+        p.begin().unwrap();
+        let t = p.produced().unwrap();
         p.acked(t);
         assert_eq!(p.confirmed(), Lsn(10));
         p.idle_at(Lsn(50));
         assert_eq!(p.confirmed(), Lsn(10), "keepalive position is not confirmable with work in flight");
-        p.commit(Lsn(40));
+        p.commit(Lsn(40)).unwrap();
         assert_eq!(p.confirmed(), Lsn(40));
     }
 
     #[test]
     fn empty_transactions_and_idle_keepalives_advance() {
         let mut p = Progress::new(Lsn(10));
-        p.begin();
-        p.commit(Lsn(20));
+        p.begin().unwrap();
+        p.commit(Lsn(20)).unwrap();
         assert_eq!(p.confirmed(), Lsn(20));
         p.idle_at(Lsn(90));
         assert_eq!(p.confirmed(), Lsn(90));
@@ -157,8 +172,8 @@ mod tests {
     #[should_panic(expected = "backwards")]
     fn a_commit_behind_the_confirmed_position_is_refused() {
         let mut p = Progress::new(Lsn(100));
-        p.begin();
-        p.commit(Lsn(50));
+        p.begin().unwrap();
+        p.commit(Lsn(50)).unwrap();
     }
 
     #[test]
@@ -177,13 +192,13 @@ mod tests {
             let mut acked_per_txn = Vec::new();
             let mut sizes = Vec::new();
             for t in 0..(1 + next(8) as usize) {
-                p.begin();
+                p.begin().unwrap();
                 let n = next(4) as usize;
                 for _ in 0..n {
-                    pending.push((p.produced(), t));
+                    pending.push((p.produced().unwrap(), t));
                 }
                 let end = Lsn(((t + 1) * 100) as u64);
-                p.commit(end);
+                p.commit(end).unwrap();
                 ends.push(end);
                 sizes.push(n);
                 acked_per_txn.push(0usize);

@@ -127,6 +127,8 @@ pub struct RelayStats {
     pub commit_to_ack: prometheus::Histogram,
     /// The current stream returned its liveness marker (see [`stream`]).
     pub live: std::sync::atomic::AtomicBool,
+    /// Messages handed to the producer and not yet acknowledged.
+    pub in_flight: std::sync::atomic::AtomicU64,
 }
 
 impl Default for RelayStats {
@@ -138,26 +140,43 @@ impl Default for RelayStats {
             confirmed_lsn: Default::default(),
             commit_to_ack: crate::health::commit_to_ack_histogram(),
             live: Default::default(),
+            in_flight: Default::default(),
         }
     }
 }
 
-/// Polls the slot until its `confirmed_flush_lsn` reaches `lsn`, for at most `within`.
-async fn await_confirmed(config: &Config, lsn: Lsn, within: Duration) -> Result<(), RelayError> {
+/// How long SIGTERM waits for Kafka to acknowledge what is in flight. Past it the relay exits
+/// without confirming those messages; the next start replays them from the slot.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The final status, once the stream is closed: moves the slot's `confirmed_flush_lsn` to
+/// `lsn` with `pg_replication_slot_advance` (the walsender has released the slot by then;
+/// retried for `within` while it has not), unless the last status update already got there.
+/// Never moves the slot backwards.
+async fn final_confirm(config: &Config, lsn: Lsn, within: Duration) -> Result<Lsn, RelayError> {
     let (client, conn) = crate::connect(&config.database.url).await?;
     let deadline = Instant::now() + within;
     let result = loop {
         let row = client
-            .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&config.relay.slot_name])
+            .query_opt("SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = $1", &[&config.relay.slot_name])
             .await?;
-        let at: Option<Lsn> = row.and_then(|r| r.get::<_, Option<String>>(0)).and_then(|t| t.parse().ok());
+        let Some(row) = row else { break Err(RelayError::SlotLost(config.relay.slot_name.clone())) };
+        let at: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|t| t.parse().ok());
         if at.is_some_and(|at| at >= lsn) {
-            break Ok(());
+            break Ok(at.unwrap_or(lsn));
+        }
+        if !row.get::<_, bool>(1) {
+            match client.query_one("SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)", &[&config.relay.slot_name, &lsn.to_string()]).await {
+                Ok(r) => break Ok(r.get::<_, String>(0).parse().unwrap_or(lsn)),
+                // Another relay took the slot in between: it resumes from there.
+                Err(e) if Instant::now() >= deadline => break Err(e.into()),
+                Err(_) => {}
+            }
         }
         if Instant::now() >= deadline {
-            break Err(RelayError::Replication(format!("slot still at {at:?} after {within:?}")));
+            break Err(RelayError::Replication(format!("slot still at {at:?} and active after {within:?}")));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     };
     conn.abort();
     result
@@ -211,6 +230,7 @@ pub async fn stream(
     let mut commit_lsn = Lsn::ZERO;
     let mut commit_time = 0i64;
     let mut stopping = false;
+    let mut drain_deadline = tokio::time::Instant::now();
     let mut reported = start;
 
     loop {
@@ -247,6 +267,11 @@ pub async fn stream(
             _ = shutdown.cancelled(), if !stopping => {
                 tracing::info!(in_flight = in_flight.len(), "relay stopping: draining acknowledgements");
                 stopping = true;
+                drain_deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+            }
+            _ = tokio::time::sleep_until(drain_deadline), if stopping => {
+                tracing::warn!(in_flight = in_flight.len(), "Kafka did not acknowledge everything within the drain timeout; stopping without confirming it (the next start replays it)");
+                break;
             }
             event = client.recv(), if reading => {
                 match event.map_err(RelayError::from_replication)? {
@@ -254,9 +279,9 @@ pub async fn stream(
                     Some(ReplicationEvent::Begin { final_lsn, commit_time_micros, .. }) => {
                         commit_lsn = Lsn(final_lsn.as_u64());
                         commit_time = commit_time_micros;
-                        progress.begin();
+                        progress.begin().map_err(|e| RelayError::Replication(e.to_string()))?;
                     }
-                    Some(ReplicationEvent::Commit { end_lsn, .. }) => progress.commit(Lsn(end_lsn.as_u64())),
+                    Some(ReplicationEvent::Commit { end_lsn, .. }) => progress.commit(Lsn(end_lsn.as_u64())).map_err(|e| RelayError::Replication(e.to_string()))?,
                     Some(ReplicationEvent::KeepAlive { wal_end, .. }) => progress.idle_at(Lsn(wal_end.as_u64())),
                     // A non-transactional logical message (the heartbeat of
                     // [`crate::health::sample_loop`]) is a WAL position like a keepalive's.
@@ -288,7 +313,7 @@ pub async fn stream(
                             let headers = OwnedHeaders::new()
                                 .insert(Header { key: "outbox_id", value: Some(outbox_id.as_bytes()) })
                                 .insert(Header { key: "commit_lsn", value: Some(lsn.as_bytes()) });
-                            let ticket = progress.produced();
+                            let ticket = progress.produced().map_err(|e| RelayError::Replication(e.to_string()))?;
                             stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let delivery = loop {
                                 let record = FutureRecord::to(&topic).key(&key).payload(&value).headers(headers.clone());
@@ -316,6 +341,7 @@ pub async fn stream(
                 }
             }
         }
+        stats.in_flight.store(in_flight.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let confirmed = progress.confirmed();
         if confirmed > reported {
             // Only raises wake the replication worker.
@@ -328,19 +354,19 @@ pub async fn stream(
         }
     }
     let flush_started = Instant::now();
-    // Nothing is in flight any more; the flush is quick, but it blocks, so not on this thread.
+    // The flush is quick (nothing is in flight, or the drain timed out), but it blocks, so
+    // not on this thread.
     let flushing = producer.clone();
-    tokio::task::spawn_blocking(move || flushing.flush(Duration::from_secs(30)))
-        .await
-        .map_err(|e| RelayError::Produce(e.to_string()))?
-        .map_err(|e| RelayError::Produce(e.to_string()))?;
-    // The final status update: the replication worker sends the raised position within a
-    // status interval; wait (bounded) until Postgres shows it before closing the stream.
-    let confirmed = progress.confirmed();
-    if let Err(e) = await_confirmed(&config, confirmed, Duration::from_millis(config.relay.status_interval_ms * 3 + 1_000)).await {
-        tracing::warn!(error = %e, %confirmed, "the final status update was not confirmed by Postgres; the next start replays from the slot");
+    let flush_for = if in_flight.is_empty() { Duration::from_secs(30) } else { Duration::from_secs(1) };
+    drop(in_flight);
+    if let Err(e) = tokio::task::spawn_blocking(move || flushing.flush(flush_for)).await.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+        tracing::warn!(error = %e, "producer flush at shutdown");
     }
     client.shutdown().await.map_err(RelayError::from_replication)?;
-    tracing::info!(confirmed = %progress.confirmed(), flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped");
+    let confirmed = progress.confirmed();
+    match final_confirm(&config, confirmed, Duration::from_secs(5)).await {
+        Ok(at) => tracing::info!(confirmed = %at, flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped; final position confirmed"),
+        Err(e) => tracing::warn!(error = %e, %confirmed, "relay stopped, but the final position was not confirmed; the next start replays from the slot"),
+    }
     Ok(())
 }

@@ -22,6 +22,10 @@ fn free_port() -> u16 {
 
 impl RelayProcess {
     fn spawn(config: &Config) -> RelayProcess {
+        Self::spawn_with(config, &[])
+    }
+
+    fn spawn_with(config: &Config, env: &[(&str, &str)]) -> RelayProcess {
         let ops = free_port();
         let log = std::env::temp_dir().join(format!("railhook-relay-{}.log", Uuid::new_v4().simple()));
         let child = Command::new(env!("CARGO_BIN_EXE_railhook"))
@@ -36,6 +40,7 @@ impl RelayProcess {
             .env("RAILHOOK_RELAY__STATUS_INTERVAL_MS", "200")
             .env("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{ops}"))
             .env("RAILHOOK_TELEMETRY__LOG_FILTER", "info")
+            .envs(env.iter().copied())
             .current_dir(std::env::temp_dir())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -158,14 +163,15 @@ async fn kill_9_mid_stream_loses_nothing() {
     drop_slot(&client, &config.relay.slot_name).await;
 }
 
-/// SIGTERM drains the producer and sends a final status: the slot ends at or past the
-/// last commit, and the process exits 0.
+/// SIGTERM drains the producer and confirms the final position: with status updates only
+/// every 20 s, the slot is still behind the last commit when the signal arrives, and at or
+/// past it once the process exited 0.
 #[tokio::test]
 async fn sigterm_flushes_and_confirms_before_exit() {
     let db = TestDb::new().await;
     let config = test_config(&db);
     let client = db.client().await;
-    let mut relay = RelayProcess::spawn(&config);
+    let mut relay = RelayProcess::spawn_with(&config, &[("RAILHOOK_RELAY__STATUS_INTERVAL_MS", "20000")]);
     relay.live().await;
     let project = Uuid::now_v7();
     let routes: Vec<Uuid> = (0..50).map(|_| Uuid::now_v7()).collect();
@@ -176,13 +182,16 @@ async fn sigterm_flushes_and_confirms_before_exit() {
     let last = current_lsn(&client).await;
     let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
     seen.until(Duration::from_secs(60), "the rows", |s| s.len() >= committed.len()).await;
+    let (before, _) = slot(&client, &config.relay.slot_name).await.unwrap();
+    assert!(before < last, "precondition: no status update carried the last commit yet ({before:X} vs {last:X})");
     let started = Instant::now();
     relay.signal("TERM");
     assert_eq!(relay.exited(Duration::from_secs(30)).await, Some(0), "log:\n{}", relay.log_tail());
     let stop = started.elapsed();
     let (confirmed, pid) = slot(&client, &config.relay.slot_name).await.unwrap();
     assert!(confirmed >= last, "slot at {confirmed:X}, last commit {last:X}");
-    eprintln!("SIGTERM: exited 0 after {stop:?}, slot confirmed past the last commit; active pid now {pid:?}");
+    assert_eq!(pid, None, "the slot is released");
+    eprintln!("SIGTERM: exited 0 after {stop:?}; slot moved from {before:X} to {confirmed:X} (last commit {last:X})");
     drop_slot(&client, &config.relay.slot_name).await;
 }
 
