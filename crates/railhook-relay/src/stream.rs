@@ -258,7 +258,11 @@ pub async fn stream(
                 match done {
                     Ok(Ok(n)) => {
                         *needs_reannounce = false;
-                        tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
+                        if n.deliveries + n.forwards > 0 {
+                            tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
+                        } else {
+                            tracing::info!(slot = %config.relay.slot_name, "slot created; nothing PENDING to re-announce");
+                        }
                     }
                     Ok(Err(e)) => return Err(e),
                     Err(e) => return Err(RelayError::Replication(format!("re-announcement task: {e}"))),

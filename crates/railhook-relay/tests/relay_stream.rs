@@ -286,3 +286,37 @@ async fn the_outbox_stays_bounded_under_continuous_load() {
     relay.stop().await;
     drop_slot(&client, &name).await;
 }
+
+/// The startup checks refuse a misconfigured server and say how to fix it.
+#[tokio::test]
+async fn refuses_a_publication_without_the_outbox_a_foreign_plugin_and_a_missing_slot() {
+    // A publication that does not cover the outbox.
+    let db = TestDb::new().await;
+    let config = Arc::new(test_config(&db));
+    let client = db.client().await;
+    client
+        .batch_execute(&format!("CREATE TABLE other (id int); CREATE PUBLICATION {} FOR TABLE other WITH (publish = 'insert')", config.relay.publication_name))
+        .await
+        .unwrap();
+    let err = Relay::start(&config).task.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("does not include the outbox table") && err.contains("ADD TABLE outbox"), "{err}");
+
+    // A slot of another plugin.
+    let db = TestDb::new().await;
+    let config = Arc::new(test_config(&db));
+    let client = db.client().await;
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'test_decoding')", &[&config.relay.slot_name]).await.unwrap();
+    let err = Relay::start(&config).task.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("uses plugin test_decoding") && err.contains("slot drop"), "{err}");
+    drop_slot(&client, &config.relay.slot_name).await;
+
+    // No slot, and not allowed to create one.
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.relay.create_slot = false;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    client.batch_execute(&format!("CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')", config.relay.publication_name)).await.unwrap();
+    let err = Relay::start(&config).task.await.unwrap().unwrap_err().to_string();
+    assert!(err.contains("does not exist") && err.contains("pg_create_logical_replication_slot"), "{err}");
+}

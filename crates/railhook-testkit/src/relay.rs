@@ -94,14 +94,20 @@ impl Announcements {
     /// [`Announcements::until`] that returns the failure instead of panicking.
     pub async fn try_until(&mut self, timeout: Duration, what: &str, done: impl Fn(&[Announcement]) -> bool) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_error: Option<String> = None;
         let mut stream = self.consumer.stream();
         while !done(&self.seen) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let msg = match tokio::time::timeout(left, stream.next()).await {
                 Ok(Some(Ok(m))) => m,
-                Ok(Some(Err(e))) => return Err(format!("consumer error while waiting for {what}: {e}")),
+                // Transient on a topic seconds old or a broker just restarted (e.g. unknown
+                // topic or partition): keep reading until the deadline.
+                Ok(Some(Err(e))) => {
+                    last_error = Some(e.to_string());
+                    continue;
+                }
                 Ok(None) => return Err(format!("consumer stream ended while waiting for {what}")),
-                Err(_) => return Err(format!("timed out after {timeout:?} waiting for {what}; {} announcements seen", self.seen.len())),
+                Err(_) => return Err(format!("timed out after {timeout:?} waiting for {what}; {} announcements seen; last consumer error: {last_error:?}", self.seen.len())),
             };
             let value: serde_json::Value = serde_json::from_slice(msg.payload().unwrap_or_default()).expect("JSON value");
             let header = |name: &str| {

@@ -269,3 +269,49 @@ async fn a_100k_row_transaction_is_relayed_in_bounded_memory() {
     drop(relay);
     drop_slot(&client, &config.relay.slot_name).await;
 }
+
+/// `railhook slot status` and `railhook slot drop` as an operator runs them.
+#[tokio::test]
+async fn slot_status_and_drop_report_and_decommission() {
+    let db = TestDb::new().await;
+    let config = test_config(&db);
+    let client = db.client().await;
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_railhook"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RAILHOOK_DATABASE_URL", &config.database.url)
+            .env("RAILHOOK_RELAY__SLOT_NAME", &config.relay.slot_name)
+            .current_dir(std::env::temp_dir())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, _, err) = cli(&["slot", "status"]);
+    assert_eq!(code, Some(3), "missing slot: {err}");
+    assert!(err.contains("does not exist"), "{err}");
+
+    let mut relay = RelayProcess::spawn(&config);
+    relay.live().await;
+    let (code, out, err) = cli(&["slot", "status", "--json"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["healthy"], true);
+    assert_eq!(status["active"], true);
+    assert_eq!(status["wal_status"], "reserved");
+    assert!(status["lag_bytes"].is_i64() && status["retained_bytes"].is_i64(), "{status}");
+    let (code, _, err) = cli(&["slot", "drop"]);
+    assert_eq!(code, Some(2), "drop needs --confirm: {err}");
+    let (code, _, err) = cli(&["slot", "drop", "--confirm"]);
+    assert_eq!(code, Some(4), "refused while a relay streams: {err}");
+    assert!(slot(&client, &config.relay.slot_name).await.is_some());
+
+    relay.signal("TERM");
+    assert_eq!(relay.exited(Duration::from_secs(30)).await, Some(0));
+    let (code, _, err) = cli(&["slot", "status", "--max-inactive", "1"]);
+    assert_eq!(code, Some(5), "inactive: {err}");
+    let (code, out, err) = cli(&["slot", "drop", "--confirm"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(slot(&client, &config.relay.slot_name).await.is_none(), "dropped");
+}
