@@ -214,17 +214,26 @@ async fn scheduler_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
 /// The sweeps of 6.4, a singleton across processes (advisory lock), and the queue gauges.
 async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) {
     let w = &config.worker;
-    let every = Duration::from_millis((w.processing_timeout_seconds * 1000 / 4).clamp(250, 30_000));
+    // A quarter of the shortest sweep threshold, between 250 ms and 30 s.
+    let every = Duration::from_millis((w.processing_timeout_seconds.min(w.stranded_after_seconds) * 1000 / 4).clamp(250, 30_000));
     loop {
         match pool.get().await {
             Ok(mut client) => {
-                match store::sweep(&mut client, w.processing_timeout_seconds as f64, w.stranded_after_seconds as f64, w.outgoing_max_age_seconds as f64, SWEEP_BATCH).await {
+                let limits = store::SweepLimits {
+                    processing_timeout_s: w.processing_timeout_seconds as f64,
+                    stranded_s: w.stranded_after_seconds as f64,
+                    outgoing_max_age_s: w.outgoing_max_age_seconds as f64,
+                    incoming_max_age_s: w.incoming_max_age_seconds as f64,
+                    batch: SWEEP_BATCH,
+                };
+                match store::sweep(&mut client, &limits).await {
                     Ok(Some(s)) => {
                         metrics.swept.with_label_values(&["processing_timeout"]).inc_by(s.stuck);
                         metrics.swept.with_label_values(&["stranded"]).inc_by(s.stranded);
                         metrics.swept.with_label_values(&["hard_cap"]).inc_by(s.capped);
-                        if s.stuck + s.stranded + s.capped > 0 {
-                            tracing::info!(stuck = s.stuck, stranded = s.stranded, capped = s.capped, "sweeps moved Deliveries");
+                        metrics.swept.with_label_values(&["hard_cap_incoming"]).inc_by(s.capped_forwards);
+                        if s.stuck + s.stranded + s.capped + s.capped_forwards > 0 {
+                            tracing::info!(stuck = s.stuck, stranded = s.stranded, capped = s.capped, capped_forwards = s.capped_forwards, "sweeps moved Deliveries and Forwards");
                         }
                     }
                     Ok(None) => {}

@@ -319,11 +319,34 @@ UPDATE deliveries d SET status = 'FAILED', claim_token = NULL, next_retry_at = N
                         last_error = coalesce(d.last_error || '; ', '') || 'hard cap reached', updated_at = now()
 FROM capped WHERE d.id = capped.id";
 
+/// The incoming hard cap: PENDING Forwards whose ladder started more than `max_age_s` ago
+/// (24 h by default) go to Failed Messages.
+const SWEEP_CAPPED_FORWARDS_SQL: &str = "
+WITH capped AS (
+    SELECT id FROM forwards
+    WHERE status = 'PENDING' AND ladder_started_at < now() - make_interval(secs => $1)
+    ORDER BY ladder_started_at LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+UPDATE forwards f SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
+                      last_error = coalesce(f.last_error || '; ', '') || 'hard cap reached', updated_at = now()
+FROM capped WHERE f.id = capped.id";
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swept {
     pub stuck: u64,
     pub stranded: u64,
     pub capped: u64,
+    pub capped_forwards: u64,
+}
+
+/// The sweeps' limits.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepLimits {
+    pub processing_timeout_s: f64,
+    pub stranded_s: f64,
+    pub outgoing_max_age_s: f64,
+    pub incoming_max_age_s: f64,
+    pub batch: i64,
 }
 
 /// The advisory lock that makes the sweeps a singleton across worker processes.
@@ -332,15 +355,16 @@ pub const SWEEP_LOCK: i64 = 0x7261_696c_686f_6f6b; // "railhook"
 /// Runs every sweep in bounded batches, if this process gets the sweep lock (a
 /// transaction-level advisory lock, so a crash cannot leave it held). `None` when another
 /// process holds it.
-pub async fn sweep(client: &mut deadpool_postgres::Object, processing_timeout_s: f64, stranded_s: f64, max_age_s: f64, limit: i64) -> Result<Option<Swept>, tokio_postgres::Error> {
+pub async fn sweep(client: &mut deadpool_postgres::Object, l: &SweepLimits) -> Result<Option<Swept>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SWEEP_LOCK]).await?.get(0);
     if !locked {
         return Ok(None);
     }
-    let stuck = tx.query(SWEEP_STUCK_SQL, &[&processing_timeout_s, &limit]).await?.len() as u64;
-    let stranded = tx.query(SWEEP_STRANDED_SQL, &[&stranded_s, &limit]).await?.len() as u64;
-    let capped = tx.execute(SWEEP_CAPPED_SQL, &[&max_age_s, &limit]).await?;
+    let stuck = tx.query(SWEEP_STUCK_SQL, &[&l.processing_timeout_s, &l.batch]).await?.len() as u64;
+    let stranded = tx.query(SWEEP_STRANDED_SQL, &[&l.stranded_s, &l.batch]).await?.len() as u64;
+    let capped = tx.execute(SWEEP_CAPPED_SQL, &[&l.outgoing_max_age_s, &l.batch]).await?;
+    let capped_forwards = tx.execute(SWEEP_CAPPED_FORWARDS_SQL, &[&l.incoming_max_age_s, &l.batch]).await?;
     tx.commit().await?;
-    Ok(Some(Swept { stuck, stranded, capped }))
+    Ok(Some(Swept { stuck, stranded, capped, capped_forwards }))
 }

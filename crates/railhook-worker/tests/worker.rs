@@ -582,3 +582,62 @@ async fn shutdown_finishes_in_flight_attempts_then_releases_the_rest() {
     assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 1);
     sys.stop().await;
 }
+
+/// 6.4 sweeps: a stranded PENDING Delivery (announcement lost) is announced again and
+/// delivered; the hard caps send an outgoing Delivery past 96 h and an incoming Forward past
+/// 24 h to Failed Messages, while younger ones stay.
+#[tokio::test]
+async fn sweeps_reannounce_stranded_deliveries_and_apply_the_hard_caps() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|c| c.worker.stranded_after_seconds = 2).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/stranded")], &spec(&[1], 3, 5)).await;
+    // A Delivery whose announcement was lost: written with no outbox row.
+    let delivery = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    sys.wait_status(&delivery, "SUCCESS", Duration::from_secs(30)).await;
+    let id: railhook_core::DeliveryId = delivery.parse().unwrap();
+    sys.client
+        .execute("UPDATE deliveries SET status = 'PENDING', attempt_count = 0, completed_at = NULL, last_announced_at = now() - interval '1 hour' WHERE id = $1", &[&id.0])
+        .await
+        .unwrap();
+    sys.wait_status(&delivery, "SUCCESS", Duration::from_secs(30)).await;
+    assert_eq!(receiver.hits("/stranded").len(), 2, "announced again by the sweep and delivered");
+
+    // The outgoing cap: one Delivery whose ladder started 97 h ago, waiting for a retry.
+    let old = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    sys.wait_status(&old, "SUCCESS", Duration::from_secs(30)).await;
+    let old_id: railhook_core::DeliveryId = old.parse().unwrap();
+    sys.client
+        .execute(
+            "UPDATE deliveries SET status = 'PENDING', next_retry_at = now() + interval '1 hour', completed_at = NULL, ladder_started_at = now() - interval '97 hours' WHERE id = $1",
+            &[&old_id.0],
+        )
+        .await
+        .unwrap();
+    sys.wait_status(&old, "FAILED", Duration::from_secs(30)).await;
+
+    // The incoming cap, on Forwards (25 h old fails, 1 h old stays).
+    let project = fixture.project.0;
+    sys.client
+        .batch_execute(&format!(
+            "INSERT INTO sources (id, project_id, name, provider, secret, ingress_token) VALUES ('00000000-0000-7000-8000-000000000001', '{project}', 's', 'stripe', 'x', 'tok-{project}');
+             INSERT INTO destinations (id, project_id, source_id, url) VALUES ('00000000-0000-7000-8000-000000000002', '{project}', '00000000-0000-7000-8000-000000000001', 'http://127.0.0.1:9/');
+             INSERT INTO incoming_events (id, project_id, source_id, provider_event_id, method, headers, body) VALUES
+               ('00000000-0000-7000-8000-000000000003', '{project}', '00000000-0000-7000-8000-000000000001', 'a', 'POST', '{{}}', ''),
+               ('00000000-0000-7000-8000-000000000004', '{project}', '00000000-0000-7000-8000-000000000001', 'b', 'POST', '{{}}', '');
+             INSERT INTO forwards (id, project_id, incoming_event_id, destination_id, max_attempts, retry_delays, timeout_seconds, next_retry_at, ladder_started_at) VALUES
+               ('00000000-0000-7000-8000-000000000005', '{project}', '00000000-0000-7000-8000-000000000003', '00000000-0000-7000-8000-000000000002', 5, '{{60}}', 30, now() + interval '1 hour', now() - interval '25 hours'),
+               ('00000000-0000-7000-8000-000000000006', '{project}', '00000000-0000-7000-8000-000000000004', '00000000-0000-7000-8000-000000000002', 5, '{{60}}', 30, now() + interval '1 hour', now() - interval '1 hour');"
+        ))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "the 25 h old Forward to fail", || async {
+        let s: String = sys.client.query_one("SELECT status::text FROM forwards WHERE id = '00000000-0000-7000-8000-000000000005'", &[]).await.unwrap().get(0);
+        (s == "FAILED").then_some(())
+    })
+    .await;
+    let young: String = sys.client.query_one("SELECT status::text FROM forwards WHERE id = '00000000-0000-7000-8000-000000000006'", &[]).await.unwrap().get(0);
+    assert_eq!(young, "PENDING");
+    assert!(sys.worker.metrics.swept.with_label_values(&["stranded"]).get() >= 1);
+    assert_eq!(sys.worker.metrics.swept.with_label_values(&["hard_cap_incoming"]).get(), 1);
+    sys.stop().await;
+}
