@@ -641,3 +641,27 @@ async fn sweeps_reannounce_stranded_deliveries_and_apply_the_hard_caps() {
     assert_eq!(sys.worker.metrics.swept.with_label_values(&["hard_cap_incoming"]).get(), 1);
     sys.stop().await;
 }
+
+/// `worker.project_rate_limit_per_second` across the project's endpoints: 8 Deliveries to
+/// two endpoints at 2 per second need 4 one-second windows.
+#[tokio::test]
+async fn the_project_rate_limit_spans_its_endpoints() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|c| c.worker.project_rate_limit_per_second = 2).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/a"), format!("{base}/b")], &spec(&[1], 3, 10)).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..4 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    assert_eq!(deliveries.len(), 8);
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let hits: Vec<Instant> = receiver.hits.lock().unwrap().iter().map(|h| h.at).collect();
+    assert_eq!(hits.len(), 8);
+    let spread = *hits.iter().max().unwrap() - *hits.iter().min().unwrap();
+    eprintln!("project rate limit 2/s over 2 endpoints: 8 deliveries spread over {spread:?}");
+    assert!(spread >= Duration::from_millis(1_900), "8 at 2/s arrived within {spread:?}");
+    assert!(sys.worker.metrics.deferrals.with_label_values(&["project_rate"]).get() > 0);
+    sys.stop().await;
+}
