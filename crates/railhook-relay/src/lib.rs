@@ -283,7 +283,11 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
                 if matches!(e, RelayError::Produce(_)) {
                     // A fatal producer state (e.g. an idempotence violation) needs a new producer.
                     match connect_producer(&config, &shutdown).await? {
-                        Some(p) => producer = p,
+                        Some(p) => {
+                            // Dropping a producer flushes and destroys it, which blocks.
+                            let old = std::mem::replace(&mut producer, p);
+                            tokio::task::spawn_blocking(move || drop(old));
+                        }
                         None => return Ok(()),
                     }
                 }

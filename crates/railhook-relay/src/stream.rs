@@ -32,6 +32,8 @@ use crate::RelayError;
 
 /// Messages produced but not yet acknowledged, at most.
 pub const MAX_IN_FLIGHT: usize = 10_000;
+/// Transactions seen but not yet confirmable, at most.
+pub const MAX_TXNS_IN_FLIGHT: usize = 100_000;
 /// Version of the message value's layout.
 pub const VALUE_VERSION: u32 = 1;
 
@@ -234,7 +236,9 @@ pub async fn stream(
     let mut reported = start;
 
     loop {
-        let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT;
+        // Bounded in messages and in transactions (a run of transactions without outbox rows
+        // still queues one entry each until its commit is confirmable).
+        let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT && progress.in_flight() < MAX_TXNS_IN_FLIGHT;
         tokio::select! {
             biased;
             Some((ticket, committed, result)) = in_flight.next(), if !in_flight.is_empty() => {
