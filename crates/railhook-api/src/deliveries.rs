@@ -10,8 +10,8 @@ use std::ops::RangeInclusive;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{FromRequest, Path, Query, State};
-use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use railhook_core::pattern::EventType;
@@ -19,7 +19,6 @@ use railhook_core::{AttemptId, DeliveryId, DeliveryStatus, EndpointId, EventId};
 use railhook_store::deliveries::{
     self, Attempt, BulkSelection, Delivery, DeliveryFilter, FailedFilter, FailedMessage, RetryOutcome, SkippedDelivery,
 };
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
@@ -90,21 +89,6 @@ fn check_extra_attempts(value: Option<i64>) -> Result<i32, ApiError> {
     Ok(n as i32)
 }
 
-/// A JSON body that may also be left out entirely (no body, no `Content-Type`): then
-/// `T::default()`. A body that is there goes through [`ApiJson`], with its errors.
-// The same as the rotate-secret body of endpoints.rs; a candidate for extract.rs.
-async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(crate::extract::body_rejection)?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    let mut request = Request::new(axum::body::Body::from(bytes));
-    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
-        request.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
-    }
-    let ApiJson(value) = ApiJson::<T>::from_request(request, &()).await?;
-    Ok(value)
-}
 
 // ---- Deliveries ------------------------------------------------------------------------
 
@@ -227,7 +211,7 @@ pub async fn retry(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<(StatusCode, Json<Delivery>)> {
     let id: DeliveryId = parse_id("id", &id)?;
-    let body: RetryDelivery = optional_json(&headers, body).await?;
+    let body: RetryDelivery = crate::extract::optional_json(&headers, body).await?;
     let extra = check_extra_attempts(body.extra_attempts)?;
     let client = state.pool.get().await?;
     match deliveries::retry(&**client, principal.project_id, id, extra).await? {

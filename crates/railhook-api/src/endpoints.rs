@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{FromRequest, Path, Query, State};
-use axum::http::{header, HeaderMap, Request, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use railhook_config::Config;
@@ -19,7 +19,6 @@ use railhook_core::address::{parse_endpoint_url, AllowList};
 use railhook_core::signing::EndpointSecret;
 use railhook_core::EndpointId;
 use railhook_store::endpoints::{self, Endpoint, EndpointChanges, EndpointHeaders, NewEndpoint, PreviousSecret};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
@@ -35,26 +34,6 @@ pub const MAX_HEADERS: usize = 20;
 pub const MAX_HEADER_NAME_LEN: usize = 256;
 pub const MAX_HEADER_VALUE_LEN: usize = 4096;
 
-/// Headers a custom header may not set: hop-by-hop ones (they describe one connection, not
-/// the request) and the ones Railhook sets itself (DESIGN.md 7). `proxy-*` is refused as well.
-const RESERVED_HEADERS: [&str; 16] = [
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "content-type",
-    "user-agent",
-    "x-event-id",
-    "x-sequence-number",
-];
 
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -177,7 +156,7 @@ fn check_headers(headers: &EndpointHeaders) -> Result<(), ApiError> {
             ));
         }
         let lower = name.to_ascii_lowercase();
-        if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-") {
+        if railhook_core::signing::is_reserved_header(&lower) {
             return Err(ApiError::invalid(field, format!("{name} is a hop-by-hop header or one Railhook sets itself")));
         }
         if !seen.insert(lower) {
@@ -337,20 +316,6 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
     }
 }
 
-/// A JSON body that may also be left out entirely (no body, no `Content-Type`): then
-/// `T::default()`. A body that is there goes through [`ApiJson`], with its errors.
-async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let bytes = body.map_err(crate::extract::body_rejection)?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    let mut request = Request::new(axum::body::Body::from(bytes));
-    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
-        request.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
-    }
-    let ApiJson(value) = ApiJson::<T>::from_request(request, &()).await?;
-    Ok(value)
-}
 
 /// Make a new secret current (generated unless given); the previous one keeps signing for
 /// `api.secret_rotation_grace_seconds`. The body is optional: `{"secret": "whsec_..."}`,
@@ -368,7 +333,7 @@ pub async fn rotate_secret(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<SecretRotated>> {
     let id: EndpointId = parse_id("id", &id)?;
-    let body: RotateSecret = optional_json(&headers, body).await?;
+    let body: RotateSecret = crate::extract::optional_json(&headers, body).await?;
     let secret = secret_or_generated(body.secret.as_deref())?;
     let mut client = state.pool.get().await?;
     let tx = client.transaction().await?;

@@ -171,3 +171,18 @@ pub fn not_null<T>(field: &'static str, value: Option<Option<T>>) -> Result<Opti
         None => Ok(None),
     }
 }
+
+/// A JSON body that may also be left out entirely (no body, no `Content-Type`): then
+/// `T::default()`. A body that is there goes through [`ApiJson`], with its errors.
+pub async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(body_rejection)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let mut request = Request::new(axum::body::Body::from(bytes));
+    if let Some(content_type) = headers.get(header::CONTENT_TYPE) {
+        request.headers_mut().insert(header::CONTENT_TYPE, content_type.clone());
+    }
+    let ApiJson(value) = ApiJson::<T>::from_request(request, &()).await?;
+    Ok(value)
+}

@@ -409,3 +409,32 @@ mod tests {
         }
     }
 }
+
+/// Header names a custom Endpoint header may not set: hop-by-hop ones (they describe one
+/// connection, not the request) and those Railhook sets itself on every Attempt (DESIGN.md
+/// 7), compared case-insensitively; `proxy-*` is refused as well. The API refuses them when an
+/// Endpoint is created or updated; the worker drops them from rows written some other way.
+pub const RESERVED_HEADERS: [&str; 16] = [
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "content-type",
+    "user-agent",
+    "x-event-id",
+    "x-sequence-number",
+];
+
+/// Whether a custom header may not use `name` (see [`RESERVED_HEADERS`]).
+pub fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-")
+}

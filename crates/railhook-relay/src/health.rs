@@ -253,16 +253,7 @@ pub const HEARTBEAT_LAG_BYTES: i64 = 64 * 1024;
 pub async fn sample_loop(url: String, metrics: RelayMetrics, slot: String, every: Duration, shutdown: tokio_util::sync::CancellationToken) {
     let mut client: Option<Client> = None;
     loop {
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = match railhook_store::connect(&url).await {
-                Ok((c, _conn)) => Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "slot health: cannot connect to Postgres");
-                    None
-                }
-            };
-        }
-        if let Some(c) = &client {
+        if let Some(c) = crate::reconnect(&url, &mut client, "slot health").await {
             match slot_health(c, &slot).await {
                 Ok(h) => {
                     metrics.observe(&h);

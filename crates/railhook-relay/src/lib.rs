@@ -91,6 +91,21 @@ fn auth_failed(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A connection for `url` (TLS per its `sslmode`), running on a task of its own.
+/// A long-lived connection of a background loop: reconnects when `slot` is empty or closed;
+/// `None` (after a warning naming `what`) when Postgres cannot be reached this time.
+pub(crate) async fn reconnect<'a>(url: &str, slot: &'a mut Option<tokio_postgres::Client>, what: &str) -> Option<&'a tokio_postgres::Client> {
+    if slot.as_ref().is_none_or(|c| c.is_closed()) {
+        *slot = match railhook_store::connect(url).await {
+            Ok((c, _conn)) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "{what}: cannot connect to Postgres");
+                None
+            }
+        };
+    }
+    slot.as_ref()
+}
+
 pub(crate) async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), RelayError> {
     railhook_store::connect(url).await.map_err(RelayError::from_connect)
 }

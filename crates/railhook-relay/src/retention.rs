@@ -41,16 +41,7 @@ pub async fn delete_expired(client: &Client, retention: Duration, poll_mode: boo
 pub async fn cleanup_loop(url: String, retention: Duration, every: Duration, poll_mode: bool, shutdown: CancellationToken) {
     let mut client: Option<Client> = None;
     loop {
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = match railhook_store::connect(&url).await {
-                Ok((c, _conn)) => Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "outbox cleanup: cannot connect to Postgres");
-                    None
-                }
-            };
-        }
-        if let Some(c) = &client {
+        if let Some(c) = crate::reconnect(&url, &mut client, "outbox cleanup").await {
             match delete_expired(c, retention, poll_mode).await {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(deleted = n, "outbox cleanup"),

@@ -60,34 +60,7 @@ const MAX_ERROR_MESSAGE_BYTES: usize = 2048;
 /// clamps far lower (`worker.retry_after_max_seconds`); this only keeps arithmetic safe.
 const RETRY_AFTER_CEILING: Duration = Duration::from_secs(u32::MAX as u64);
 
-/// Header names a custom Endpoint header may not set: hop-by-hop ones and those Railhook sets
-/// itself (DESIGN.md 7), compared case-insensitively; `proxy-*` is refused as well. The same
-/// list as the API's check when an Endpoint is created (crates/railhook-api/src/endpoints.rs),
-/// repeated here so that a row written some other way still cannot override them.
-pub const RESERVED_HEADERS: [&str; 16] = [
-    "connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "webhook-id",
-    "webhook-timestamp",
-    "webhook-signature",
-    "content-type",
-    "user-agent",
-    "x-event-id",
-    "x-sequence-number",
-];
-
-/// Whether `name` is one a custom header may not set (see [`RESERVED_HEADERS`]).
-pub fn is_reserved_header(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-")
-}
+pub use railhook_core::signing::{is_reserved_header, RESERVED_HEADERS};
 
 /// The headers of one Attempt's request (DESIGN.md 7), in this order: `webhook-id` (the
 /// Delivery id, stable across retries), `webhook-timestamp` (unix seconds; pass a fresh one per
