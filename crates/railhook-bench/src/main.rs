@@ -2,7 +2,8 @@
 //! baseline in the same invocation and reports both with their ratio, because the machines
 //! are shared and noisy: absolute figures from different runs do not compare.
 //!
-//! Built so far: `relay_latency` (commit to visible in Kafka, CDC relay vs the polling relay).
+//! Built so far: `relay_latency` (commit to visible in Kafka, CDC relay vs the polling relay)
+//! and `relay_throughput` (catching up a backlog, CDC relay vs `pg_recvlogical`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -24,19 +25,21 @@ struct Args {
     names: Vec<String>,
     rate: u64,
     duration: Duration,
+    rows: u64,
     out: String,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { names: Vec::new(), rate: 1_000, duration: Duration::from_secs(30), out: "bench/results/latest.json".into() };
+    let mut args = Args { names: Vec::new(), rate: 1_000, duration: Duration::from_secs(30), rows: 500_000, out: "bench/results/latest.json".into() };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--rate" => args.rate = it.next().context("--rate needs a value")?.parse().context("--rate: events per second")?,
             "--duration" => args.duration = Duration::from_secs(it.next().context("--duration needs a value")?.parse().context("--duration: seconds")?),
+            "--rows" => args.rows = it.next().context("--rows needs a value")?.parse().context("--rows: a row count")?,
             "--out" => args.out = it.next().context("--out needs a path")?,
             "-h" | "--help" => {
-                println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--out PATH] [{}]...", BENCHMARKS.join("|"));
+                println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--out PATH] [{}]...", BENCHMARKS.join("|"));
                 std::process::exit(0);
             }
             name if BENCHMARKS.contains(&name) => args.names.push(name.to_string()),
@@ -56,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
     for name in &args.names {
         match name.as_str() {
             "relay_latency" => results.push(relay_latency(&args).await?),
+            "relay_throughput" => results.push(relay_throughput(&args).await?),
             other => eprintln!("{other}: not built yet (the benchmarks issue); skipped"),
         }
     }
@@ -237,4 +241,94 @@ async fn load(config: &Config, rate: u64, duration: Duration) -> anyhow::Result<
         all.extend(t.await??);
     }
     Ok(all)
+}
+
+/// 2. relay_throughput: with no relay running, commit a backlog of `--rows` outbox rows in
+/// transactions of 5 (one event for five endpoints), then start the CDC relay and measure
+/// rows/s until Kafka acknowledged them all. Baseline: `pg_recvlogical` decoding the same WAL
+/// range with pgoutput (same publication) to /dev/null, from a second slot created at the
+/// same point.
+async fn relay_throughput(args: &Args) -> anyhow::Result<serde_json::Value> {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.kafka.partitions = 6;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    let baseline_slot = format!("{}_base", config.relay.slot_name);
+    client.batch_execute(&format!("CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')", config.relay.publication_name)).await?;
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.relay.slot_name]).await?;
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&baseline_slot]).await?;
+    railhook_kafka::ensure_topics(&config.kafka, &[config.deliveries_topic(), config.forwards_topic()]).await?;
+
+    let txns = args.rows.div_ceil(5);
+    let started = Instant::now();
+    client
+        .batch_execute(&format!(
+            "DO $$
+             DECLARE p uuid := gen_random_uuid();
+             BEGIN
+               FOR i IN 1..{txns} LOOP
+                 INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+                 SELECT p, gen_random_uuid(), ('00000000-0000-7000-8000-' || lpad((i % 50 + n)::text, 12, '0'))::uuid, 'created'
+                 FROM generate_series(1, 5) n;
+                 COMMIT;
+               END LOOP;
+             END $$"
+        ))
+        .await?;
+    let backlog_s = started.elapsed().as_secs_f64();
+    let rows = txns * 5;
+    let end_lsn: String = client.query_one("SELECT pg_current_wal_lsn()::text", &[]).await?.get(0);
+    println!("relay_throughput: backlog of {rows} rows in {txns} transactions committed in {backlog_s:.1} s");
+
+    // Railhook: the CDC relay from the slot to Kafka acknowledgements.
+    let metrics = RelayMetrics::new(Arc::new(RelayStats::default()));
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    let relay = tokio::spawn(railhook_relay::run(config.clone(), metrics.clone(), stop.clone()));
+    while metrics.stats.produced.load(Ordering::Relaxed) < rows {
+        if relay.is_finished() {
+            bail!("the relay stopped: {:?}", relay.await);
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the relay did not catch up within 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let relay_s = started.elapsed().as_secs_f64();
+    stop.cancel();
+    relay.await??;
+
+    // Baseline: pg_recvlogical over the same range.
+    let started = Instant::now();
+    let status = tokio::process::Command::new("pg_recvlogical")
+        .args(["-d", &config.database.url, "--slot", &baseline_slot, "--start", "-E", &end_lsn, "-f", "/dev/null", "--no-loop"])
+        .args(["-o", "proto_version=1", "-o", &format!("publication_names={}", config.relay.publication_name)])
+        .status()
+        .await
+        .context("running pg_recvlogical (Debian package postgresql-client)")?;
+    if !status.success() {
+        bail!("pg_recvlogical failed: {status}");
+    }
+    let baseline_s = started.elapsed().as_secs_f64();
+    for slot in [&config.relay.slot_name, &baseline_slot] {
+        client.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", &[slot]).await.ok();
+    }
+    let relay_rate = rows as f64 / relay_s;
+    let baseline_rate = rows as f64 / baseline_s;
+    println!();
+    println!("relay_throughput: {rows} backlog rows, slot -> acknowledged by Kafka");
+    println!("{:<16} {:>10} {:>12}", "", "seconds", "rows/s");
+    println!("{:<16} {:>10.2} {:>12.0}", "railhook relay", relay_s, relay_rate);
+    println!("{:<16} {:>10.2} {:>12.0}", "pg_recvlogical", baseline_s, baseline_rate);
+    println!("relay / pg_recvlogical = {:.2} (target: at least 0.5, and at least 30,000 rows/s)", relay_rate / baseline_rate);
+    Ok(serde_json::json!({
+        "name": "relay_throughput",
+        "rows": rows,
+        "transactions": txns,
+        "figures": {"relay": {"seconds": relay_s, "rows_per_s": relay_rate}},
+        "baseline": {"pg_recvlogical": {"seconds": baseline_s, "rows_per_s": baseline_rate}},
+        "ratio": {"relay_over_pg_recvlogical": relay_rate / baseline_rate},
+        "targets": {"rows_per_s_at_least": 30000, "ratio_at_least": 0.5},
+    }))
 }
