@@ -5,49 +5,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use railhook_config::Config;
-use railhook_relay::{RelayMetrics, RelayStats};
 use railhook_testkit::relay::{all_announced, current_lsn, insert_outbox, slot, Announcements, Fixture};
 use railhook_testkit::{eventually, test_config, TestDb};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-struct Relay {
-    metrics: RelayMetrics,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), railhook_relay::RelayError>>,
-}
-
-impl Relay {
-    fn start(config: &Arc<Config>) -> Relay {
-        let mut telemetry = config.telemetry.clone();
-        telemetry.log_filter = std::env::var("RAILHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into());
-        railhook_telemetry::init_tracing(&telemetry);
-        let metrics = RelayMetrics::new(Arc::new(RelayStats::default()));
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(railhook_relay::run(config.clone(), metrics.clone(), shutdown.clone()));
-        Relay { metrics, shutdown, task }
-    }
-
-    fn stats(&self) -> &RelayStats {
-        &self.metrics.stats
-    }
-
-    /// Waits until the relay's stream returned its liveness marker: from then on every
-    /// transaction that starts is in the stream.
-    async fn live(&self) {
-        eventually(Duration::from_secs(30), "the relay stream to be live", || async {
-            self.stats().live.load(Ordering::Relaxed).then_some(())
-        })
-        .await
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("relay task").expect("relay ends cleanly");
-    }
-}
+mod common;
+use common::Relay;
 
 async fn wait_streaming(client: &tokio_postgres::Client, name: &str) -> i32 {
     eventually(Duration::from_secs(30), "the slot to be streamed from", || async move {

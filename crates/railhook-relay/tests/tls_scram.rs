@@ -6,51 +6,17 @@
 //! `sslmode`: the replication stream (pgwire-replication) and the others (setup, sampler,
 //! marker, cleanup; tokio-postgres with rustls).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use railhook_config::{Config, RelayMode};
-use railhook_relay::{RelayError, RelayMetrics, RelayStats};
 use railhook_testkit::relay::{all_announced, insert_outbox, Announcements};
 use railhook_testkit::tls::{grant_relay, scram_role, scram_url, server_cert, superuser_url};
 use railhook_testkit::{eventually, test_config, TestDb};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-struct Relay {
-    metrics: RelayMetrics,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), RelayError>>,
-}
-
-impl Relay {
-    fn start(config: &Arc<Config>) -> Relay {
-        let mut telemetry = config.telemetry.clone();
-        telemetry.log_filter = std::env::var("RAILHOOK_TEST_LOG").unwrap_or_else(|_| "warn".into());
-        railhook_telemetry::init_tracing(&telemetry);
-        let metrics = RelayMetrics::new(Arc::new(RelayStats::default()));
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(railhook_relay::run(config.clone(), metrics.clone(), shutdown.clone()));
-        Relay { metrics, shutdown, task }
-    }
-
-    async fn live(&self) {
-        eventually(Duration::from_secs(30), "the relay stream to be live", || async {
-            if self.task.is_finished() {
-                panic!("the relay ended before its stream was live");
-            }
-            self.metrics.stats.live.load(Ordering::Relaxed).then_some(())
-        })
-        .await
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("relay task").expect("relay ends cleanly");
-    }
-}
+mod common;
+use common::Relay;
 
 /// The walsender and the other sessions of `rh_scram` on `db`: whether each is encrypted.
 async fn sessions(su: &tokio_postgres::Client, db: &str) -> (Option<bool>, Vec<bool>) {
