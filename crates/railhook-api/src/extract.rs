@@ -38,6 +38,12 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// Parses a JSON body into `T`. Every failure is a 4xx [`ApiError`] (400 `invalid_json` for
+/// syntax, UTF-8, nesting deeper than serde_json's limit of 128 and numbers out of range;
+/// 422 naming the field for a wrong shape), never a panic, whatever the bytes.
+///
+/// A string containing NUL (`\u0000`) is refused with 422 naming where it is: Postgres can
+/// store it neither in `text` nor in `jsonb`, so it would otherwise fail as a 500.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -46,7 +52,51 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })?;
     // Trailing bytes after the JSON value.
     de.end().map_err(|e| json_error(e, String::new()))?;
+    if has_nul_escape(bytes) {
+        let field = serde_json::from_slice::<serde_json::Value>(bytes).ok().and_then(|v| nul_path(&v, String::new()));
+        return Err(ApiError::invalid(
+            field.unwrap_or_else(|| "body".to_string()),
+            "strings may not contain the NUL character (\\u0000): it cannot be stored",
+        ));
+    }
     Ok(value)
+}
+
+/// Whether valid JSON `bytes` hold a `\u0000` escape: one preceded by an odd number of
+/// backslashes (`\\u0000` is a backslash followed by the text `u0000`). A raw NUL byte is
+/// not valid JSON, so this is the only way a NUL gets into a string.
+fn has_nul_escape(bytes: &[u8]) -> bool {
+    let needle = b"u0000";
+    let mut backslashes = 0usize;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'\\' {
+            backslashes += 1;
+            continue;
+        }
+        if backslashes % 2 == 1 && b == b'u' && bytes[i..].starts_with(needle) {
+            return true;
+        }
+        backslashes = 0;
+    }
+    false
+}
+
+/// Where the first string (value or key) containing NUL is, as `a.b[2]`; `None` if nowhere.
+fn nul_path(value: &serde_json::Value, path: String) -> Option<String> {
+    let join = |key: &str| if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+    match value {
+        serde_json::Value::String(s) if s.contains('\0') => Some(if path.is_empty() { "body".to_string() } else { path }),
+        serde_json::Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| nul_path(v, format!("{path}[{i}]"))),
+        serde_json::Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let here = join(k);
+            if k.contains('\0') {
+                Some(here)
+            } else {
+                nul_path(v, here)
+            }
+        }),
+        _ => None,
+    }
 }
 
 fn json_error(inner: serde_json::Error, path: String) -> ApiError {
@@ -185,4 +235,163 @@ pub async fn optional_json<T: DeserializeOwned + Default>(headers: &HeaderMap, b
     }
     let ApiJson(value) = ApiJson::<T>::from_request(request, &()).await?;
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// The shape of `POST /v1/events`, to reach the typed (422) paths as well.
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Event {
+        #[serde(rename = "type")]
+        event_type: String,
+        payload: Value,
+        count: Option<u32>,
+    }
+
+    fn client_error<T: std::fmt::Debug>(r: Result<T, ApiError>) -> ApiError {
+        let e = r.expect_err("should have been refused");
+        assert!(e.status.is_client_error(), "{} {} {}", e.status, e.code, e.message);
+        assert!(!e.message.is_empty());
+        e
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_by_the_recursion_limit() {
+        // 100,000 `[` (and the same closed) would overflow the stack of a naive recursive
+        // parser; serde_json stops at depth 128.
+        for doc in ["[".repeat(100_000), format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)), "{\"a\":".repeat(100_000)] {
+            let e = client_error(parse_json::<Value>(doc.as_bytes()));
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_json"));
+            assert!(e.message.contains("recursion limit exceeded"), "{}", e.message);
+            let wrapped = format!(r#"{{"type":"a.b","payload":{{"x":{doc}}}}}"#);
+            let e = client_error(parse_json::<Event>(wrapped.as_bytes()));
+            assert_eq!(e.code, "invalid_json");
+        }
+        // The limit itself: 127 nested levels parse, 128 do not (the body object and the
+        // payload object count as two).
+        let bare = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(parse_json::<Value>(bare(127).as_bytes()).is_ok());
+        assert_eq!(client_error(parse_json::<Value>(bare(128).as_bytes())).code, "invalid_json");
+        let nest = |n: usize| format!(r#"{{"type":"a","payload":{{"x":{}{}}}}}"#, "[".repeat(n), "]".repeat(n));
+        assert!(parse_json::<Event>(nest(125).as_bytes()).is_ok());
+        assert_eq!(client_error(parse_json::<Event>(nest(126).as_bytes())).code, "invalid_json");
+    }
+
+    #[test]
+    fn huge_numbers_are_refused_or_kept_finite() {
+        for doc in ["1e400", "-1e400", "[1e99999999999999999999]", &format!("1{}", "0".repeat(400)), &format!("0.{}1e-99999", "0".repeat(100_000))] {
+            match parse_json::<Value>(doc.as_bytes()) {
+                Ok(v) => assert!(v.as_f64().is_none_or(f64::is_finite), "{doc:.40}: {v}"),
+                Err(e) => assert!(e.status.is_client_error(), "{doc:.40}: {}", e.status),
+            }
+        }
+        let e = client_error(parse_json::<Value>(b"1e400"));
+        assert_eq!(e.code, "invalid_json");
+        // A number too large for the field's type names the field.
+        let e = client_error(parse_json::<Event>(br#"{"type":"a","payload":{},"count":99999999999999999999999}"#));
+        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("count")));
+        let e = client_error(parse_json::<Event>(br#"{"type":"a","payload":{},"count":-1}"#));
+        assert_eq!(e.field.as_deref(), Some("count"));
+    }
+
+    #[test]
+    fn invalid_utf8_and_junk_are_400() {
+        for doc in [&b"\xff\xfe"[..], b"{\"type\":\"\xc3\x28\"}", b"\"\xed\xa0\x80\"", b"", b" ", b"{", b"nul", b"{}}", b"\"\\ud800\"", b"[1,]"] {
+            let e = client_error(parse_json::<Value>(doc));
+            assert_eq!((e.status.as_u16(), e.code), (400, "invalid_json"), "{doc:?}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn nul_in_any_string_is_a_422_naming_where() {
+        let e = client_error(parse_json::<Event>(br#"{"type":"a","payload":{"note":["ok","x\u0000y"]}}"#));
+        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("payload.note[1]")));
+        let e = client_error(parse_json::<Event>(br#"{"type":"a\u0000","payload":{}}"#));
+        assert_eq!(e.field.as_deref(), Some("type"));
+        let e = client_error(parse_json::<Value>(br#"{"k\u0000":1}"#));
+        assert_eq!(e.field.as_deref(), Some("k\0"));
+        // An escaped backslash followed by the text u0000 is not a NUL.
+        let v: Value = parse_json(br#"{"a":"\\u0000","b":"\\\\u0000"}"#).unwrap();
+        assert_eq!(v["a"], "\\u0000");
+        assert_eq!(client_error(parse_json::<Value>(br#"{"a":"\\\u0000"}"#)).field.as_deref(), Some("a"));
+    }
+
+    /// JSON-ish text: the structural characters, escapes and literals in any order.
+    fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        let piece = proptest::sample::select(vec![
+            "{", "}", "[", "]", ":", ",", "\"", "\\", "\\u", "0000", "d800", "1", "-", "e", "E9999", ".", "true", "null", " ", "\"type\"",
+            "\"payload\"", "\"a.b\"", "\u{e9}", "\u{0}",
+        ]);
+        vec(piece, 0..40).prop_map(|p| p.concat().into_bytes())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        /// Arbitrary bytes and JSON-ish text: `parse_json` returns a 4xx error or a value,
+        /// into an untyped value and into a typed body alike; it never panics.
+        #[test]
+        fn arbitrary_bodies_are_values_or_4xx(bytes in prop_oneof![vec(any::<u8>(), 0..200), jsonish()]) {
+            if let Err(e) = parse_json::<Value>(&bytes) {
+                prop_assert!(e.status == 400 || e.status == 422, "{} {}", e.status, e.message);
+            }
+            if let Err(e) = parse_json::<Event>(&bytes) {
+                prop_assert!(e.status == 400 || e.status == 422, "{} {}", e.status, e.message);
+                prop_assert!(e.field.is_some(), "{}", e.message);
+            }
+        }
+
+        /// Whatever serde_json can print parses back to the same value (no NUL in strings).
+        #[test]
+        fn printed_values_parse_back(v in value()) {
+            let text = serde_json::to_vec(&v).unwrap();
+            match parse_json::<Value>(&text) {
+                Ok(back) => prop_assert_eq!(back, v),
+                Err(e) => {
+                    prop_assert!(text.windows(6).any(|w| w == b"\\u0000"), "{}", e.message);
+                    prop_assert_eq!(e.status.as_u16(), 422);
+                }
+            }
+        }
+
+        /// Nesting of any depth: within the limit it parses, beyond it is a 400, never a
+        /// stack overflow.
+        #[test]
+        fn any_nesting_depth(depth in 0usize..5_000, open in proptest::sample::select(vec!["[", "{\"k\":"])) {
+            let close = if open == "[" { "]" } else { "}" };
+            let doc = format!("{}0{}", open.repeat(depth), close.repeat(depth));
+            match parse_json::<Value>(doc.as_bytes()) {
+                Ok(_) => prop_assert!(depth < 128),
+                Err(e) => {
+                    prop_assert!(depth >= 128);
+                    prop_assert_eq!(e.code, "invalid_json");
+                }
+            }
+        }
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            // Integers only: serde_json's default float parsing may be one ulp off
+            // (20814.850494384766 reads back as 20814.85049438477); that is not a safety issue.
+            any::<u64>().prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..8).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
 }

@@ -434,3 +434,131 @@ mod tests {
         }
     }
 }
+
+/// Property tests (proptest): arbitrary text against both parsers, generated valid and
+/// invalid types and patterns, and the contract between [`EventTypePattern::matches`] and
+/// [`candidate_patterns`] that ingest's index lookup relies on.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// Segments from a small alphabet, so that prefixes of types and patterns collide often.
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => proptest::sample::select(vec!["a", "b", "order", "paid", "x-y", "v_2"]).prop_map(str::to_string),
+            1 => "[a-z0-9_-]{1,12}",
+        ]
+    }
+
+    fn valid_type() -> impl Strategy<Value = EventType> {
+        vec(segment(), 1..=MAX_SEGMENTS).prop_filter_map("too long", |s| EventType::parse(&s.join(".")).ok())
+    }
+
+    /// Pattern text: segments, then maybe `*` or `**` last; not always valid (too many
+    /// segments), which `parse` must say.
+    fn pattern_text() -> impl Strategy<Value = String> {
+        (vec(segment(), 0..=MAX_SEGMENTS), 0..3).prop_map(|(mut segs, wild)| {
+            match wild {
+                1 => segs.push("*".into()),
+                2 => segs.push("**".into()),
+                _ => {}
+            }
+            if segs.is_empty() {
+                segs.push("**".into());
+            }
+            segs.join(".")
+        })
+    }
+
+    /// What a pattern must match, written out independently of `EventTypePattern`.
+    fn reference_match(pattern: &str, t: &str) -> bool {
+        let p: Vec<&str> = pattern.split('.').collect();
+        let s: Vec<&str> = t.split('.').collect();
+        match p.split_last() {
+            Some((&"**", init)) => s.len() > init.len() && s[..init.len()] == *init,
+            Some((&"*", init)) => s.len() == init.len() + 1 && s[..init.len()] == *init,
+            _ => p == s,
+        }
+    }
+
+    /// A character that may not appear in a type, and the kinds of breakage.
+    fn corrupt(text: &str, how: u8, at: usize, bad: char) -> String {
+        let segs: Vec<&str> = text.split('.').collect();
+        let i = at % segs.len();
+        let mut owned: Vec<String> = segs.iter().map(|s| s.to_string()).collect();
+        match how % 5 {
+            0 => owned[i].push(bad),
+            1 => owned.insert(i, String::new()),
+            2 => owned[i] = format!("{}*", owned[i]),
+            3 => owned.insert(i, "*".into()),
+            _ => return format!("{text}.{}", vec!["a"; MAX_SEGMENTS].join(".")),
+        }
+        owned.join(".")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        /// Arbitrary text never panics either parser, and whatever parses is kept verbatim and
+        /// within the documented limits.
+        #[test]
+        fn arbitrary_text_never_panics(text in prop_oneof![any::<String>(), "[a-z.*_Z9 -]{0,30}", ".{190,260}"]) {
+            if let Ok(t) = EventType::parse(&text) {
+                prop_assert_eq!(t.as_str(), text.as_str());
+                prop_assert!(text.len() <= MAX_TYPE_LEN && !text.contains('*'));
+                prop_assert!(text.split('.').count() <= MAX_SEGMENTS);
+            }
+            if let Ok(p) = EventTypePattern::parse(&text) {
+                prop_assert_eq!(p.as_str(), text.as_str());
+                prop_assert!(text.len() <= MAX_PATTERN_LEN);
+            }
+        }
+
+        /// Types and patterns with a bad character, an empty segment, a partial or misplaced
+        /// wildcard, or too many segments are refused, with the error naming which it was.
+        #[test]
+        fn broken_inputs_are_refused(t in valid_type(), how in any::<u8>(), at in any::<usize>(), bad in prop_oneof![Just('A'), Just(' '), Just('/'), Just('é'), Just('\0'), Just('\n'), Just(':')]) {
+            let broken = corrupt(t.as_str(), how, at, bad);
+            prop_assert!(matches!(EventType::parse(&broken), Err(PatternError::Type(_))), "{:?}", broken);
+            // As a pattern, only `prefix.*` (how 3 at the last position) is fine.
+            let as_pattern = EventTypePattern::parse(&broken);
+            let wildcard_last = broken.ends_with(".*") && !broken[..broken.len() - 2].contains('*') && how % 5 == 3;
+            if !wildcard_last {
+                prop_assert!(matches!(as_pattern, Err(PatternError::Pattern(_))), "{:?}: {:?}", broken, as_pattern);
+            }
+        }
+
+        /// The contract: a pattern that parses matches a type exactly when it is among the
+        /// type's candidates, and both agree with a reference written from the docs.
+        #[test]
+        fn candidates_agree_with_matches(t in valid_type(), text in pattern_text(), own in any::<bool>(), pick in any::<proptest::sample::Index>()) {
+            let cands = candidate_patterns(&t);
+            let text = if own { cands[pick.index(cands.len())].clone() } else { text };
+            let Ok(p) = EventTypePattern::parse(&text) else {
+                // Only a lone `*` and patterns that no type could match are refused here.
+                prop_assert!(text == "*" || text.split('.').count() > MAX_SEGMENTS || text.len() > MAX_TYPE_LEN - 1, "{:?} refused", text);
+                return Ok(());
+            };
+            let listed = cands.iter().any(|c| c == p.as_str());
+            prop_assert_eq!(p.matches(&t), listed, "pattern {} type {}", p, t);
+            prop_assert_eq!(p.matches(&t), reference_match(&text, t.as_str()), "pattern {} type {}", p, t);
+        }
+
+        /// Every candidate parses, matches its type, and there are no duplicates.
+        #[test]
+        fn candidates_are_valid_patterns(t in valid_type()) {
+            let cands = candidate_patterns(&t);
+            prop_assert!(cands.len() <= MAX_SEGMENTS + 2);
+            let mut sorted = cands.clone();
+            sorted.sort();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len(), cands.len());
+            for c in &cands {
+                let p = EventTypePattern::parse(c).map_err(|e| TestCaseError::fail(format!("{c}: {e}")))?;
+                prop_assert!(p.matches(&t), "{} vs {}", c, t);
+            }
+        }
+    }
+}

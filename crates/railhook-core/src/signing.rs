@@ -438,3 +438,118 @@ pub fn is_reserved_header(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
     RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("proxy-")
 }
+
+/// Property tests (proptest) of the verifier against hostile `webhook-signature` headers, and
+/// of sign/verify against each other.
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn secret() -> impl Strategy<Value = EndpointSecret> {
+        vec(any::<u8>(), MIN_KEY_LEN..=MAX_KEY_LEN).prop_map(|key| EndpointSecret::parse(&format!("whsec_{}", STANDARD.encode(key))).unwrap())
+    }
+
+    /// Header pieces that make the parser's branches meet: versions, separators, base64 and
+    /// not-quite-base64, and whole signatures of other content.
+    fn piece() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("v1,".to_string()),
+            Just("v1".to_string()),
+            Just(",".to_string()),
+            Just(" ".to_string()),
+            Just("  ".to_string()),
+            Just("=".to_string()),
+            Just("v2,".to_string()),
+            Just("v1a,".to_string()),
+            Just("\t".to_string()),
+            vec(any::<u8>(), 0..40).prop_map(|b| STANDARD.encode(b)),
+            vec(any::<u8>(), 32..=32).prop_map(|b| format!("v1,{}", STANDARD.encode(b))),
+            any::<String>(),
+        ]
+    }
+
+    fn header() -> impl Strategy<Value = String> {
+        prop_oneof![any::<String>(), vec(piece(), 0..16).prop_map(|p| p.concat())]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// No header, however built, panics or verifies without the key's signature in it.
+        #[test]
+        fn arbitrary_headers_never_panic_or_verify(s in secret(), id in ".{0,40}", ts in any::<i64>(), body in vec(any::<u8>(), 0..200), header in header()) {
+            prop_assert!(verify(&s, &id, ts, &body, &header, ts, DEFAULT_TOLERANCE_SECS).is_err());
+            // Any timestamp and now, however far apart: no overflow.
+            let _ = verify(&s, &id, ts, &body, &header, ts.wrapping_mul(3), DEFAULT_TOLERANCE_SECS);
+        }
+
+        /// The signature verifies next to any amount of junk, before or after it.
+        #[test]
+        fn the_valid_entry_is_found_among_many(s in secret(), id in "[a-z0-9_]{1,30}", ts in 0i64..5_000_000_000, body in vec(any::<u8>(), 0..200), junk in vec(piece(), 0..200), at in any::<proptest::sample::Index>()) {
+            let good = sign(&s, &id, ts, &body);
+            let mut entries: Vec<String> = junk.into_iter().map(|j| j.replace(' ', "")).filter(|j| !j.is_empty()).collect();
+            let i = at.index(entries.len() + 1);
+            entries.insert(i, good);
+            prop_assert_eq!(verify(&s, &id, ts, &body, &entries.join(" "), ts, 0), Ok(()));
+        }
+
+        /// Sign then verify always succeeds, for every secret of a rotation header.
+        #[test]
+        fn sign_then_verify(secrets in vec(secret(), 1..4), id in any::<String>(), ts in any::<i64>(), body in vec(any::<u8>(), 0..500), skew in -300i64..=300) {
+            let header = signature_header(&secrets, &id, ts, &body);
+            for s in &secrets {
+                prop_assert_eq!(verify(s, &id, ts, &body, &header, ts.saturating_add(skew), 300), Ok(()));
+            }
+        }
+
+        /// Changing any single byte of the body, of the id, or the timestamp breaks it.
+        #[test]
+        fn any_single_byte_change_fails(s in secret(), id in "[ -~]{1,40}", ts in 0i64..5_000_000_000, body in vec(any::<u8>(), 1..300), at in any::<proptest::sample::Index>(), flip in 1u8..=255, printable in 0x20u8..0x7f, delta in 1i64..1_000_000) {
+            let header = sign(&s, &id, ts, &body);
+            let mut changed = body.clone();
+            let i = at.index(changed.len());
+            changed[i] ^= flip;
+            prop_assert_eq!(verify(&s, &id, ts, &changed, &header, ts, 300), Err(VerifyError::Mismatch));
+
+            let mut id_bytes = id.clone().into_bytes();
+            let j = at.index(id_bytes.len());
+            prop_assume!(id_bytes[j] != printable);
+            id_bytes[j] = printable;
+            let other_id = String::from_utf8(id_bytes).unwrap();
+            prop_assert_eq!(verify(&s, &other_id, ts, &body, &header, ts, 300), Err(VerifyError::Mismatch));
+
+            // A different timestamp, with `now` next to it so the tolerance is not what refuses.
+            let other_ts = ts + delta;
+            prop_assert_eq!(verify(&s, &id, other_ts, &body, &header, other_ts, 300), Err(VerifyError::Mismatch));
+        }
+
+        /// Secrets: arbitrary text never panics; what parses re-parses to the same key.
+        #[test]
+        fn arbitrary_secrets_never_panic(text in prop_oneof![any::<String>(), ".{0,100}".prop_map(|s| format!("whsec_{s}")), vec(any::<u8>(), 0..80).prop_map(|k| format!("whsec_{}", STANDARD.encode(k)))]) {
+            if let Ok(s) = EndpointSecret::parse(&text) {
+                prop_assert_eq!(sign(&s, "m", 1, b"x"), sign(&EndpointSecret::parse(s.as_str()).unwrap(), "m", 1, b"x"));
+            }
+        }
+    }
+
+    /// Huge inputs: a 4 MiB header of entries, a 4 MiB header without a space, and a
+    /// 16 MiB body. All return, and in time linear in the input (one HMAC, one pass).
+    #[test]
+    fn huge_inputs_do_not_panic() {
+        let s = EndpointSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let body = vec![b'x'; 16 << 20];
+        let good = sign(&s, "msg", 5, &body);
+        let many = vec!["v1,AAAA"; 500_000].join(" ");
+        assert_eq!(verify(&s, "msg", 5, &body, &many, 5, 300), Err(VerifyError::Mismatch));
+        let with_good = format!("{many} {good}");
+        assert_eq!(verify(&s, "msg", 5, &body, &with_good, 5, 300), Ok(()));
+        let one_long = format!("v1,{}", "A".repeat(4 << 20));
+        assert_eq!(verify(&s, "msg", 5, &body, &one_long, 5, 300), Err(VerifyError::Mismatch));
+        let no_comma = "x".repeat(4 << 20);
+        assert_eq!(verify(&s, "msg", 5, &body, &no_comma, 5, 300), Err(VerifyError::Malformed));
+        let long_id = "i".repeat(1 << 20);
+        assert!(verify(&s, &long_id, 5, &body, &good, 5, 300).is_err());
+    }
+}

@@ -91,6 +91,9 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         let remaining = self.buf.len() - self.pos;
         if n > remaining {
@@ -160,8 +163,9 @@ pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
             let name = r.cstr()?;
             let replica_identity = r.u8()?;
             let n = r.u16()? as usize;
-            // Each column takes at least 10 bytes: never reserve more than the input can hold.
-            let mut columns = Vec::with_capacity(n.min(buf.len() / 10));
+            // Each column takes at least 10 bytes: never reserve more than what remains of
+            // the input can hold, whatever the count says.
+            let mut columns = Vec::with_capacity(n.min(r.remaining() / 10));
             for _ in 0..n {
                 columns.push(Column { flags: r.u8()?, name: r.cstr()?, type_id: r.u32()?, type_modifier: r.i32()? });
             }
@@ -173,7 +177,7 @@ pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
                 b'N' => {}
                 other => return Err(DecodeError::UnknownTupleKind(other, r.pos - 1)),
             }
-            Message::Insert { relation_id, tuple: tuple(&mut r, buf.len())? }
+            Message::Insert { relation_id, tuple: tuple(&mut r)? }
         }
         b'M' => {
             let transactional = r.u8()? != 0;
@@ -191,10 +195,10 @@ pub fn decode(buf: &[u8]) -> Result<Message, DecodeError> {
     Ok(msg)
 }
 
-fn tuple(r: &mut Reader<'_>, total: usize) -> Result<Vec<TupleValue>, DecodeError> {
+fn tuple(r: &mut Reader<'_>) -> Result<Vec<TupleValue>, DecodeError> {
     let n = r.u16()? as usize;
-    // Each value takes at least one byte.
-    let mut values = Vec::with_capacity(n.min(total));
+    // Each value takes at least one byte of what remains.
+    let mut values = Vec::with_capacity(n.min(r.remaining()));
     for _ in 0..n {
         let at = r.pos;
         values.push(match r.u8()? {
@@ -323,5 +327,260 @@ mod tests {
         huge.extend_from_slice(&[b't', 0x7f, 0xff, 0xff, 0xff]);
         assert!(matches!(decode(&huge), Err(DecodeError::Truncated { .. })));
         assert!(matches!(decode(&[b'I', 0, 0, 0, 1, b'N', 0, 1, b't', 0xff, 0xff, 0xff, 0xff]), Err(DecodeError::NegativeLength(-1, _))));
+    }
+}
+
+/// Property tests (proptest): the decoder against arbitrary bytes, and against valid messages
+/// that are then truncated, mutated, or given length fields that promise more than is there.
+#[cfg(test)]
+mod props {
+    use super::fixtures::{bytes, ALL};
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// A message in pgoutput's wire format, with the offsets of its i32 length fields and its
+    /// u16 count fields, so that tests can inflate them.
+    #[derive(Debug, Default)]
+    struct Encoded {
+        bytes: Vec<u8>,
+        lengths: Vec<usize>,
+        counts: Vec<usize>,
+    }
+
+    impl Encoded {
+        fn u8(&mut self, v: u8) {
+            self.bytes.push(v);
+        }
+        fn u16_count(&mut self, v: usize) {
+            self.counts.push(self.bytes.len());
+            self.bytes.extend_from_slice(&(v as u16).to_be_bytes());
+        }
+        fn u32(&mut self, v: u32) {
+            self.bytes.extend_from_slice(&v.to_be_bytes());
+        }
+        fn u64(&mut self, v: u64) {
+            self.bytes.extend_from_slice(&v.to_be_bytes());
+        }
+        fn cstr(&mut self, s: &str) {
+            self.bytes.extend_from_slice(s.as_bytes());
+            self.bytes.push(0);
+        }
+        fn sized(&mut self, data: &[u8]) {
+            self.lengths.push(self.bytes.len());
+            self.u32(data.len() as u32);
+            self.bytes.extend_from_slice(data);
+        }
+    }
+
+    fn encode(m: &Message) -> Encoded {
+        let mut e = Encoded::default();
+        match m {
+            Message::Begin { final_lsn, commit_time, xid } => {
+                e.u8(b'B');
+                e.u64(final_lsn.0);
+                e.u64(*commit_time as u64);
+                e.u32(*xid);
+            }
+            Message::Commit { flags, commit_lsn, end_lsn, commit_time } => {
+                e.u8(b'C');
+                e.u8(*flags);
+                e.u64(commit_lsn.0);
+                e.u64(end_lsn.0);
+                e.u64(*commit_time as u64);
+            }
+            Message::Relation(r) => {
+                e.u8(b'R');
+                e.u32(r.id);
+                e.cstr(&r.namespace);
+                e.cstr(&r.name);
+                e.u8(r.replica_identity);
+                e.u16_count(r.columns.len());
+                for c in &r.columns {
+                    e.u8(c.flags);
+                    e.cstr(&c.name);
+                    e.u32(c.type_id);
+                    e.u32(c.type_modifier as u32);
+                }
+            }
+            Message::Insert { relation_id, tuple } => {
+                e.u8(b'I');
+                e.u32(*relation_id);
+                e.u8(b'N');
+                e.u16_count(tuple.len());
+                for v in tuple {
+                    match v {
+                        TupleValue::Null => e.u8(b'n'),
+                        TupleValue::UnchangedToast => e.u8(b'u'),
+                        TupleValue::Text(d) => {
+                            e.u8(b't');
+                            e.sized(d);
+                        }
+                        TupleValue::Binary(d) => {
+                            e.u8(b'b');
+                            e.sized(d);
+                        }
+                    }
+                }
+            }
+            Message::Logical { transactional, lsn, prefix, content } => {
+                e.u8(b'M');
+                e.u8(u8::from(*transactional));
+                e.u64(lsn.0);
+                e.cstr(prefix);
+                e.sized(content);
+            }
+            Message::Origin { commit_lsn, name } => {
+                e.u8(b'O');
+                e.u64(commit_lsn.0);
+                e.cstr(name);
+            }
+            Message::Type { type_id, namespace, name } => {
+                e.u8(b'Y');
+                e.u32(*type_id);
+                e.cstr(namespace);
+                e.cstr(name);
+            }
+        }
+        e
+    }
+
+    /// Text without NUL (a C string on the wire), including multi-byte characters.
+    fn cstring() -> impl Strategy<Value = String> {
+        vec(any::<char>().prop_map(|c| if c == '\0' { '.' } else { c }), 0..12).prop_map(String::from_iter)
+    }
+
+    fn value() -> impl Strategy<Value = TupleValue> {
+        prop_oneof![
+            Just(TupleValue::Null),
+            Just(TupleValue::UnchangedToast),
+            vec(any::<u8>(), 0..40).prop_map(TupleValue::Text),
+            vec(any::<u8>(), 0..40).prop_map(TupleValue::Binary),
+        ]
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let lsn = any::<u64>().prop_map(Lsn);
+        let column = (any::<u8>(), cstring(), any::<u32>(), any::<i32>())
+            .prop_map(|(flags, name, type_id, type_modifier)| Column { flags, name, type_id, type_modifier });
+        prop_oneof![
+            (lsn.clone(), any::<i64>(), any::<u32>()).prop_map(|(final_lsn, commit_time, xid)| Message::Begin { final_lsn, commit_time, xid }),
+            (any::<u8>(), lsn.clone(), lsn.clone(), any::<i64>())
+                .prop_map(|(flags, commit_lsn, end_lsn, commit_time)| Message::Commit { flags, commit_lsn, end_lsn, commit_time }),
+            (any::<u32>(), cstring(), cstring(), any::<u8>(), vec(column, 0..12)).prop_map(|(id, namespace, name, replica_identity, columns)| {
+                Message::Relation(Relation { id, namespace, name, replica_identity, columns })
+            }),
+            (any::<u32>(), vec(value(), 0..12)).prop_map(|(relation_id, tuple)| Message::Insert { relation_id, tuple }),
+            (any::<bool>(), lsn.clone(), cstring(), vec(any::<u8>(), 0..64))
+                .prop_map(|(transactional, lsn, prefix, content)| Message::Logical { transactional, lsn, prefix, content }),
+            (lsn, cstring()).prop_map(|(commit_lsn, name)| Message::Origin { commit_lsn, name }),
+            (any::<u32>(), cstring(), cstring()).prop_map(|(type_id, namespace, name)| Message::Type { type_id, namespace, name }),
+        ]
+    }
+
+    fn sized_value() -> impl Strategy<Value = TupleValue> {
+        prop_oneof![vec(any::<u8>(), 0..40).prop_map(TupleValue::Text), vec(any::<u8>(), 0..40).prop_map(TupleValue::Binary)]
+    }
+
+    /// Messages that carry at least one i32 length field.
+    fn message_with_lengths() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            (any::<u32>(), vec(value(), 0..6), sized_value(), vec(value(), 0..6)).prop_map(|(relation_id, mut before, v, after)| {
+                before.push(v);
+                before.extend(after);
+                Message::Insert { relation_id, tuple: before }
+            }),
+            (any::<bool>(), any::<u64>(), cstring(), vec(any::<u8>(), 0..64))
+                .prop_map(|(transactional, lsn, prefix, content)| Message::Logical { transactional, lsn: Lsn(lsn), prefix, content }),
+        ]
+    }
+
+    /// Messages that carry a u16 count (Relation, Insert).
+    fn message_with_counts() -> impl Strategy<Value = Message> {
+        message().prop_filter("has a count", |m| matches!(m, Message::Relation(_) | Message::Insert { .. }))
+    }
+
+    /// A valid message: generated, or one of the bytes captured from Postgres.
+    fn valid_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![message().prop_map(|m| encode(&m).bytes), (0..ALL.len()).prop_map(|i| bytes(ALL[i]))]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        /// Whatever arrives, `decode` returns; it never panics.
+        #[test]
+        fn arbitrary_bytes_never_panic(data in vec(any::<u8>(), 0..300)) {
+            let _ = decode(&data);
+        }
+
+        /// The same, with a known message tag first, so the bytes reach the field parsers.
+        #[test]
+        fn arbitrary_bodies_after_a_known_tag_never_panic(tag in proptest::sample::select(b"BCRIMOYUDT".to_vec()), rest in vec(any::<u8>(), 0..300)) {
+            let mut data = vec![tag];
+            data.extend_from_slice(&rest);
+            let _ = decode(&data);
+        }
+
+        /// The encoder here and the decoder agree on every message.
+        #[test]
+        fn valid_messages_round_trip(m in message()) {
+            prop_assert_eq!(decode(&encode(&m).bytes), Ok(m));
+        }
+
+        /// A valid message cut short anywhere is an error: each declared field, count and
+        /// length is checked against the bytes that are there.
+        #[test]
+        fn every_truncation_is_an_error(data in valid_bytes(), cut in any::<proptest::sample::Index>()) {
+            let cut = cut.index(data.len());
+            prop_assert!(decode(&data[..cut]).is_err(), "{} of {} bytes decoded", cut, data.len());
+            // One extra byte at the end is refused too.
+            let mut longer = data.clone();
+            longer.push(0);
+            prop_assert_eq!(decode(&longer), Err(DecodeError::Trailing(1)));
+        }
+
+        /// Valid messages with 1 to 6 bytes overwritten never panic.
+        #[test]
+        fn mutated_messages_never_panic(data in valid_bytes(), edits in vec((any::<proptest::sample::Index>(), any::<u8>()), 1..6)) {
+            let mut data = data;
+            for (at, byte) in edits {
+                let i = at.index(data.len());
+                data[i] = byte;
+            }
+            let _ = decode(&data);
+        }
+
+        /// A length field that promises more bytes than the whole rest of the message holds
+        /// (up to i32::MAX) is `Truncated`, and a negative one `NegativeLength`, before
+        /// anything of that size is allocated (the allocation side is measured in
+        /// tests/decode_alloc.rs).
+        #[test]
+        fn inflated_lengths_are_refused(m in message_with_lengths(), which in any::<proptest::sample::Index>(), extra in 1u32..=i32::MAX as u32, negative in any::<bool>()) {
+            let e = encode(&m);
+            let at = e.lengths[which.index(e.lengths.len())];
+            let after = (e.bytes.len() - at - 4) as u32;
+            let inflated = if negative { 0x8000_0000 | extra } else { after.saturating_add(extra).min(i32::MAX as u32) };
+            let mut data = e.bytes.clone();
+            data[at..at + 4].copy_from_slice(&inflated.to_be_bytes());
+            let got = decode(&data);
+            if negative {
+                prop_assert_eq!(got, Err(DecodeError::NegativeLength(inflated as i32, at)));
+            } else {
+                prop_assert_eq!(got, Err(DecodeError::Truncated { offset: at + 4, needed: (inflated - after) as usize }));
+            }
+        }
+
+        /// A column or value count larger than what follows is an error, not a huge reservation.
+        #[test]
+        fn inflated_counts_are_refused(m in message_with_counts(), which in any::<proptest::sample::Index>(), count in any::<u16>()) {
+            let e = encode(&m);
+            let at = e.counts[which.index(e.counts.len())];
+            let declared = u16::from_be_bytes([e.bytes[at], e.bytes[at + 1]]);
+            let count = declared + 1 + count % (u16::MAX - declared);
+            let mut data = e.bytes.clone();
+            data[at..at + 2].copy_from_slice(&count.to_be_bytes());
+            prop_assert!(decode(&data).is_err());
+        }
     }
 }
