@@ -87,7 +87,12 @@ impl IntoResponse for ApiError {
         if let Some(field) = self.field {
             error["field"] = serde_json::Value::String(field);
         }
-        (self.status, Json(serde_json::json!({ "error": error }))).into_response()
+        let mut response = (self.status, Json(serde_json::json!({ "error": error }))).into_response();
+        // The rest of an unread body is still on the wire: this connection is done.
+        if matches!(self.status, StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE) {
+            response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

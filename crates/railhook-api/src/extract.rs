@@ -139,11 +139,32 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 pub fn body_rejection(e: BytesRejection) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is larger than the limit (api.max_body_bytes)")
-            .with_field("body")
+        payload_too_large()
+    } else if railhook_telemetry::is_body_read_timeout(&e) {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the body did not arrive in time (api.body_read_timeout_ms); the connection is closed",
+        )
+        .with_field("body")
     } else {
         ApiError::bad_request("invalid_body", format!("cannot read the body: {e}")).with_field("body")
     }
+}
+
+pub fn payload_too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the body is larger than the limit (api.max_body_bytes)").with_field("body")
+}
+
+/// Refuses a request whose `Content-Length` already exceeds `limit` before any of its body
+/// is read (a chunked body is cut by `DefaultBodyLimit` once more than `limit` arrived).
+pub async fn declared_length_limit(limit: usize, request: Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return payload_too_large().into_response();
+    }
+    next.run(request).await
 }
 
 /// Parses a typed id from a path segment; a malformed id is a 400 naming the parameter.

@@ -9,7 +9,7 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use railhook_config::Config;
 use railhook_store::Pool;
-use railhook_telemetry::{Metrics, Ops, ReadyCheck};
+use railhook_telemetry::{Metrics, Ops, ReadyCheck, ServerLimits};
 use tokio_util::sync::CancellationToken;
 
 pub mod admin;
@@ -68,6 +68,10 @@ fn v1(state: AppState) -> Router {
         .route("/v1/subscriptions/{id}", get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete))
         .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
+        .layer(axum::middleware::from_fn({
+            let limit = state.config.api.max_body_bytes;
+            move |request, next| extract::declared_length_limit(limit, request, next)
+        }))
         .with_state(state)
 }
 
@@ -82,9 +86,12 @@ pub fn app(state: AppState) -> Router {
         })
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled.
+/// Serves the API on `listener` until `shutdown` is cancelled, with the header and body read
+/// timeouts and the connection cap of `api.*` (see [`railhook_telemetry::serve_with`]); on
+/// shutdown the requests in flight finish first.
 pub async fn run(state: AppState, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "api listening");
-    railhook_telemetry::serve(listener, app(state), shutdown).await
+    let limits = ServerLimits::from_api(&state.config.api);
+    tracing::info!(%addr, max_connections = limits.max_connections, "api listening");
+    railhook_telemetry::serve_with(listener, app(state), limits, shutdown).await
 }

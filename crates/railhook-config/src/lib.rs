@@ -82,6 +82,15 @@ pub struct ApiConfig {
     pub admin_token: String,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// How long a client may take to send a request's line and headers (from the moment the
+    /// server starts reading them, also between requests on a kept-alive connection); then
+    /// the connection is closed. Cuts off slowloris clients and idle connections.
+    pub header_read_timeout_ms: u64,
+    /// How long a client may take to send a request body, from the end of its headers;
+    /// then the request gets 408 and the connection is closed.
+    pub body_read_timeout_ms: u64,
+    /// Connections served at once; further ones wait in the listen backlog until one closes.
+    pub max_connections: usize,
     /// Grace period during which a rotated-out endpoint secret still signs deliveries.
     pub secret_rotation_grace_seconds: u64,
 }
@@ -228,6 +237,9 @@ impl Default for ApiConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: String::new(),
             max_body_bytes: 1024 * 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            max_connections: 1024,
             secret_rotation_grace_seconds: 24 * 3600,
         }
     }
@@ -403,6 +415,15 @@ impl Config {
         }
         if self.api.max_body_bytes < 1024 {
             problems.push("api.max_body_bytes must be at least 1024".into());
+        }
+        if !(100..=600_000).contains(&self.api.header_read_timeout_ms) {
+            problems.push(format!("api.header_read_timeout_ms is {}: it must be between 100 and 600000 (10000 is the default)", self.api.header_read_timeout_ms));
+        }
+        if !(100..=3_600_000).contains(&self.api.body_read_timeout_ms) {
+            problems.push(format!("api.body_read_timeout_ms is {}: it must be between 100 and 3600000 (30000 is the default)", self.api.body_read_timeout_ms));
+        }
+        if self.api.max_connections == 0 {
+            problems.push("api.max_connections must be at least 1 (1024 is the default)".into());
         }
         if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
             problems.push("api.admin_token is shorter than 16 characters: use a long random value (e.g. `openssl rand -hex 24`)".into());
@@ -611,6 +632,22 @@ mod tests {
         .to_string();
         assert!(err.contains("kafka.partitions is 0"), "{err}");
         assert!(err.contains("RAILHOOK_DATABASE__URL"), "{err}");
+    }
+
+    #[test]
+    fn server_limits_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__HEADER_READ_TIMEOUT_MS", "0"), ("RAILHOOK_API__BODY_READ_TIMEOUT_MS", "99"), ("RAILHOOK_API__MAX_CONNECTIONS", "0")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["api.header_read_timeout_ms is 0", "api.body_read_timeout_ms is 99", "api.max_connections must be at least 1"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_API__MAX_CONNECTIONS", "8")]), &Overrides::default()).unwrap();
+        assert_eq!((ok.api.max_connections, ok.api.header_read_timeout_ms, ok.api.body_read_timeout_ms), (8, 10_000, 30_000));
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! operational routes every component serves: `/metrics`, `/healthz` (the process is up) and
 //! `/readyz` (its dependencies are reachable).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -12,7 +15,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use futures::future::BoxFuture;
 use prometheus::{Encoder, Registry, TextEncoder};
-use railhook_config::{LogFormat, TelemetryConfig};
+use railhook_config::{ApiConfig, LogFormat, TelemetryConfig};
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global `tracing` subscriber. Call once, before the runtime starts work.
@@ -121,13 +124,171 @@ async fn readyz_handler(State(ops): State<Ops>) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown` is cancelled.
+/// What a listener grants each client (see [`serve_with`]): defaults equal those of
+/// `api.header_read_timeout_ms`, `api.body_read_timeout_ms` and `api.max_connections`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Time to send a request line and headers, from when the server starts reading them
+    /// (a new connection, or the end of the previous response on a kept-alive one).
+    pub header_read_timeout: Duration,
+    /// Time to send a request body, from the end of its headers.
+    pub body_read_timeout: Duration,
+    /// Connections served at once; further ones are not accepted until one closes.
+    pub max_connections: usize,
+}
+
+impl ServerLimits {
+    pub fn from_api(api: &ApiConfig) -> ServerLimits {
+        ServerLimits {
+            header_read_timeout: Duration::from_millis(api.header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(api.body_read_timeout_ms),
+            max_connections: api.max_connections.max(1),
+        }
+    }
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        ServerLimits::from_api(&ApiConfig::default())
+    }
+}
+
+/// The error a request body yields when it has not fully arrived within
+/// [`ServerLimits::body_read_timeout`]; the API answers it with 408.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyReadTimeout(pub Duration);
+
+impl std::fmt::Display for BodyReadTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request body did not arrive within {} ms (api.body_read_timeout_ms)", self.0.as_millis())
+    }
+}
+
+impl std::error::Error for BodyReadTimeout {}
+
+/// Whether `error`, or anything in its chain of sources, is a [`BodyReadTimeout`].
+pub fn is_body_read_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    for _ in 0..16 {
+        let Some(e) = next else { return false };
+        if e.is::<BodyReadTimeout>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// A request body that fails with [`BodyReadTimeout`] once its deadline has passed, however
+/// the bytes trickle in: the deadline is for the whole body, not per chunk.
+struct DeadlineBody {
+    inner: hyper::body::Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.timeout)))));
+        }
+        Pin::new(&mut this.inner).poll_frame(cx).map(|frame| frame.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves `router` on `listener` with the default [`ServerLimits`] until `shutdown` is
+/// cancelled (the ops listeners of the relay and the worker).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    serve_with(listener, router, ServerLimits::default(), shutdown).await
+}
+
+/// Serves `router` over HTTP/1.1 on `listener` until `shutdown` is cancelled, then stops
+/// accepting and waits for the requests in flight to finish (idle connections close at once).
+///
+/// Unlike `axum::serve`, every client is bounded ([`ServerLimits`]):
+/// - request line and headers must arrive within `header_read_timeout` (hyper's
+///   `header_read_timeout`, with a Tokio timer), else the connection is closed: this cuts off
+///   slowloris clients and connections left idle between requests;
+/// - the body must arrive within `body_read_timeout` of the headers, else reading it fails
+///   with [`BodyReadTimeout`] (408 from the API) and the connection is closed;
+/// - at most `max_connections` are served at once: the accept loop takes a permit before it
+///   accepts, so further clients wait in the kernel's listen backlog, costing nothing here.
+///
+/// Body size limits stay with the router (`DefaultBodyLimit`), which reads at most the limit.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    limits: ServerLimits,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).keep_alive(true);
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Per-connection errors (reset before accept) and descriptor exhaustion:
+                    // log, pause briefly on the latter, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    if !matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let body_timeout = limits.body_read_timeout;
+        let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let router = router.clone();
+            let request = request.map(|inner| {
+                if http_body::Body::is_end_stream(&inner) {
+                    axum::body::Body::new(inner)
+                } else {
+                    let deadline = Box::pin(tokio::time::sleep(body_timeout));
+                    axum::body::Body::new(DeadlineBody { inner, deadline, timeout: body_timeout })
+                }
+            });
+            tower::ServiceExt::oneshot(router, request)
+        });
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 #[cfg(test)]
