@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use railhook_config::Config;
-use railhook_core::address::{parse_endpoint_url, AllowList};
+use railhook_core::address::{parse_endpoint_url, AllowList, Resolver};
 use railhook_core::signing::EndpointSecret;
 use railhook_core::EndpointId;
 use railhook_store::endpoints::{self, Endpoint, EndpointChanges, EndpointHeaders, NewEndpoint, PreviousSecret};
@@ -104,7 +104,7 @@ fn invalid_url(message: impl Into<String>) -> ApiError {
 /// literal directly, a host name through DNS (with [`DNS_TIMEOUT`]), refused if ANY answer
 /// is denied, since the connection could go to any of them. Returns the normalised URL,
 /// which is what is stored.
-async fn check_url(config: &Config, raw: &str) -> Result<String, ApiError> {
+async fn check_url(config: &Config, resolver: &Resolver, raw: &str) -> Result<String, ApiError> {
     let url = parse_endpoint_url(raw.trim()).map_err(|e| invalid_url(e.to_string()))?;
     let allow = AllowList::parse(&config.network.allow_cidrs).map_err(|e| {
         tracing::error!(error = %e, "network.allow_cidrs does not parse (config validation should have refused it)");
@@ -112,7 +112,7 @@ async fn check_url(config: &Config, raw: &str) -> Result<String, ApiError> {
     })?;
     let addresses: Vec<IpAddr> = match (url.ip(), url.domain()) {
         (Some(ip), _) => vec![ip],
-        (None, Some(domain)) => resolve(domain, url.port_or_default()).await?,
+        (None, Some(domain)) => resolve(resolver, domain).await?,
         (None, None) => return Err(invalid_url("url must have a host")),
     };
     for ip in addresses {
@@ -123,12 +123,11 @@ async fn check_url(config: &Config, raw: &str) -> Result<String, ApiError> {
     Ok(url.as_str().to_string())
 }
 
-async fn resolve(host: &str, port: u16) -> Result<Vec<IpAddr>, ApiError> {
-    let answers = tokio::time::timeout(DNS_TIMEOUT, tokio::net::lookup_host((host, port)))
+async fn resolve(resolver: &Resolver, host: &str) -> Result<Vec<IpAddr>, ApiError> {
+    let addresses = tokio::time::timeout(DNS_TIMEOUT, resolver(host))
         .await
         .map_err(|_| invalid_url(format!("the host {host} did not resolve within {} s", DNS_TIMEOUT.as_secs())))?
         .map_err(|e| invalid_url(format!("the host {host} does not resolve: {e}")))?;
-    let addresses: Vec<IpAddr> = answers.map(|a| a.ip()).collect();
     if addresses.is_empty() {
         return Err(invalid_url(format!("the host {host} has no addresses")));
     }
@@ -218,7 +217,7 @@ pub async fn create(
     check_headers(&headers)?;
     let secret = secret_or_generated(body.secret.as_deref())?;
     // Last: it may wait for DNS, and cheaper mistakes should be reported without that wait.
-    let url = check_url(&state.config, &body.url).await?;
+    let url = check_url(&state.config, &state.resolver, &body.url).await?;
     let new = NewEndpoint {
         url: &url,
         description,
@@ -290,7 +289,7 @@ pub async fn update(
     }
     let enabled = not_null("enabled", body.enabled)?;
     let url = match not_null("url", body.url)? {
-        Some(raw) => Some(check_url(&state.config, &raw).await?),
+        Some(raw) => Some(check_url(&state.config, &state.resolver, &raw).await?),
         None => None,
     };
     let changes = EndpointChanges { url: url.as_deref(), description, enabled, rate_limit_per_second, headers: headers.as_ref() };

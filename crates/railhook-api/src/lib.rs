@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use railhook_config::Config;
+use railhook_core::address::Resolver;
 use railhook_store::Pool;
 use railhook_telemetry::{Metrics, Ops, ReadyCheck, ServerLimits};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,15 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub pool: Pool,
     pub metrics: Metrics,
+    /// Resolves Endpoint host names when their URL is checked: the system resolver
+    /// ([`AppState::new`]); tests give fixed answers.
+    pub resolver: Resolver,
+}
+
+impl AppState {
+    pub fn new(config: Arc<Config>, pool: Pool, metrics: Metrics) -> AppState {
+        AppState { config, pool, metrics, resolver: railhook_core::address::system_resolver() }
+    }
 }
 
 /// `/readyz` of the API: Postgres must answer.

@@ -19,7 +19,7 @@ async fn healthz_readyz_and_metrics_over_http() {
     let config = test_config(&db);
     let pool = railhook_store::connect_pool(&config.database).await.unwrap();
     let shutdown = CancellationToken::new();
-    let (addr, server) = serve(AppState { config: Arc::new(config), pool, metrics: Metrics::new() }, &shutdown).await;
+    let (addr, server) = serve(AppState::new(Arc::new(config), pool, Metrics::new()), &shutdown).await;
 
     let http = reqwest::Client::new();
     let health = http.get(format!("http://{addr}/healthz")).send().await.unwrap();
@@ -43,7 +43,7 @@ async fn readyz_is_503_while_postgres_is_unreachable() {
     config.database.acquire_timeout_ms = 200;
     let pool = railhook_store::build_pool(&config.database).unwrap();
     let shutdown = CancellationToken::new();
-    let (addr, _server) = serve(AppState { config: Arc::new(config), pool, metrics: Metrics::new() }, &shutdown).await;
+    let (addr, _server) = serve(AppState::new(Arc::new(config), pool, Metrics::new()), &shutdown).await;
     let http = reqwest::Client::new();
     assert_eq!(http.get(format!("http://{addr}/healthz")).send().await.unwrap().status(), 200);
     let not_ready = http.get(format!("http://{addr}/readyz")).send().await.unwrap();

@@ -11,7 +11,36 @@
 //! `::a.b.c.d`, NAT64 `64:ff9b::a.b.c.d`, 6to4 `2002:AABB:CCDD::`) are classified by it.
 
 use std::fmt;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// Resolves a host name to its addresses: what the API (at creation) and the worker (at
+/// connect time) call before checking the answers. Production uses the system resolver
+/// (getaddrinfo, through `tokio::net::lookup_host`); tests pass a function with fixed answers,
+/// since the system resolver cannot be pointed at a test nameserver. Only
+/// [`system_resolver`] resolves.
+pub type Resolver = Arc<dyn Fn(&str) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>> + Send + Sync>;
+
+/// The system resolver (getaddrinfo, through `tokio::net::lookup_host`) as a [`Resolver`]:
+/// what the API and the worker use outside tests.
+pub fn system_resolver() -> Resolver {
+    Arc::new(|host: &str| {
+        let host = host.to_owned();
+        Box::pin(async move { Ok(tokio::net::lookup_host((host.as_str(), 0)).await?.map(|a| a.ip()).collect()) })
+    })
+}
+
+/// A [`Resolver`] with fixed answers, for tests: `name -> addresses`; other names do not
+/// resolve (`NotFound`).
+pub fn fixed_resolver(answers: Vec<(String, Vec<IpAddr>)>) -> Resolver {
+    let answers = Arc::new(answers);
+    Arc::new(move |host: &str| {
+        let found = answers.iter().find(|(name, _)| name.eq_ignore_ascii_case(host.trim_end_matches('.'))).map(|(_, a)| a.clone());
+        Box::pin(async move { found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such host (fixed resolver)")) })
+    })
+}
 
 /// The config key named in messages, so an operator knows what to change.
 pub const ALLOW_SETTING: &str = "network.allow_cidrs";
@@ -91,13 +120,15 @@ pub const METADATA: [IpAddr; 5] = [
 ];
 
 /// The IPv4 address an IPv6 address stands for, if it embeds one: IPv4-mapped
-/// `::ffff:0:0/96`, IPv4-compatible `::/96` (except `::` and `::1`), NAT64 `64:ff9b::/96` and
-/// 6to4 `2002::/16`. Connecting to these reaches (or is translated to) the IPv4 address.
+/// `::ffff:0:0/96`, IPv4-translated `::ffff:0:0:0/96` (SIIT, RFC 2765), IPv4-compatible
+/// `::/96` (except `::` and `::1`), NAT64 `64:ff9b::/96` and 6to4 `2002::/16`. Connecting to
+/// these reaches (or is translated to) the IPv4 address.
 pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
     let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
     match s {
         [0, 0, 0, 0, 0, 0xffff, _, _] => Some(low),
+        [0, 0, 0, 0, 0xffff, 0, _, _] => Some(low),
         [0, 0, 0, 0, 0, 0, 0, 0 | 1] => None,
         [0, 0, 0, 0, 0, 0, _, _] => Some(low),
         [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(low),
@@ -516,6 +547,11 @@ mod tests {
             ("::ffff:7f00:1", Some("loopback")),
             ("::ffff:10.1.2.3", Some("private")),
             ("::ffff:169.254.169.254", Some("metadata")),
+            ("::ffff:a9fe:a9fe", Some("metadata")),
+            ("::ffff:0:127.0.0.1", Some("loopback")),
+            ("::ffff:0:a9fe:a9fe", Some("metadata")),
+            ("::ffff:0:10.0.0.1", Some("private")),
+            ("::ffff:0:8.8.8.8", None),
             ("::ffff:8.8.8.8", None),
             ("::127.0.0.1", Some("loopback")),
             ("::10.0.0.1", Some("private")),

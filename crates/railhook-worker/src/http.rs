@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use railhook_core::address::{parse_endpoint_url, AllowList, AllowListError, DeniedReason};
+use railhook_core::address::{parse_endpoint_url, system_resolver, AllowList, AllowListError, DeniedReason, Resolver};
 use railhook_core::signing::{signature_header, EndpointSecret};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
@@ -284,8 +284,15 @@ impl fmt::Debug for Sender {
 }
 
 impl Sender {
-    /// A Sender that may reach public addresses and those `allow` permits.
+    /// A Sender that may reach public addresses and those `allow` permits, resolving names
+    /// with the system resolver.
     pub fn new(allow: AllowList) -> Result<Sender, SenderError> {
+        Sender::with_resolver(allow, system_resolver())
+    }
+
+    /// As [`Sender::new`], with names resolved by `resolve` (tests give fixed DNS answers
+    /// this way). Its answers go through the same guard and pinning as the system's.
+    pub fn with_resolver(allow: AllowList, resolve: Resolver) -> Result<Sender, SenderError> {
         let allow = Arc::new(allow);
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
@@ -294,7 +301,7 @@ impl Sender {
             .use_rustls_tls()
             .https_only(false)
             .tls_built_in_root_certs(true)
-            .dns_resolver(Arc::new(GuardedResolver { allow: allow.clone() }))
+            .dns_resolver(Arc::new(GuardedResolver { allow: allow.clone(), resolve }))
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true)
             .build()?;
@@ -572,19 +579,23 @@ enum ResolveError {
     Refused { host: String, count: usize, first: DeniedReason },
 }
 
-/// Resolves host names with the system resolver and passes on only the addresses the
-/// allow-list permits; reqwest connects to exactly these (no re-resolution), which pins each
-/// connection to checked addresses.
+/// Resolves host names (with the system resolver unless the Sender was given another) and
+/// passes on only the addresses the allow-list permits; reqwest connects to exactly these (no
+/// re-resolution), which pins each connection to checked addresses. Refused answers are
+/// dropped, so a name with one permitted and one refused address connects only to the
+/// permitted one; a name with none permitted fails as [`AttemptResult::RefusedAddress`].
 struct GuardedResolver {
     allow: Arc<AllowList>,
+    resolve: Resolver,
 }
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let allow = self.allow.clone();
         let host = name.as_str().to_owned();
+        let lookup = (self.resolve)(&host);
         Box::pin(async move {
-            let lookup = tokio::net::lookup_host((host.as_str(), 0)).await.map(|a| a.collect::<Vec<_>>());
+            let lookup = lookup.await.map(|ips| ips.into_iter().map(|ip| SocketAddr::new(ip, 0)).collect::<Vec<_>>());
             let answers = match lookup {
                 Ok(answers) => answers,
                 Err(source) => return Err(Box::new(ResolveError::Lookup { host, source }) as _),

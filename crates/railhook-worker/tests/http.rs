@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use railhook_core::address::AllowList;
+use railhook_core::address::{fixed_resolver, AllowList};
 use railhook_core::signing::EndpointSecret;
 use railhook_worker::http::{
     classify, webhook_headers, AttemptOutcome, AttemptResult, OutgoingRequest, Sender, Verdict, BODY_CAP,
@@ -502,6 +502,92 @@ async fn an_allow_entry_permits_only_its_range() {
         assert_eq!(outcome.result, AttemptResult::RefusedAddress, "{url}: {outcome:?}");
     }
     srv.assert_untouched().await;
+}
+
+/// Every spelling of a refused address, and every name whose DNS answers are refused, fails at
+/// delivery time as `RefusedAddress` without a connection, whatever the API let through (a
+/// row written before a rule changed, or a name that now answers differently: DNS
+/// rebinding). Names get fixed answers through the Sender's resolver seam; the loopback
+/// cases point at a live server, which must see nothing.
+#[tokio::test]
+async fn refused_addresses_and_dns_answers_fail_at_delivery() {
+    let mut srv = answering(response("200 OK", &[], "ok")).await;
+    let port = srv.addr.port();
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let answers: Vec<(String, Vec<std::net::IpAddr>)> = [
+        ("private.test", vec!["10.1.2.3"]),
+        ("private6.test", vec!["fd12:3456::1"]),
+        ("loopback.test", vec!["127.0.0.1"]),
+        ("linklocal.test", vec!["169.254.7.7"]),
+        ("metadata.test", vec!["169.254.169.254"]),
+        ("metadata6.test", vec!["fd00:ec2::254"]),
+        ("mapped.test", vec!["::ffff:127.0.0.1"]),
+        ("mapped-metadata.test", vec!["::ffff:169.254.169.254"]),
+        ("rebound.test", vec!["::ffff:0:10.0.0.1", "fe80::1"]),
+    ]
+    .into_iter()
+    .map(|(name, ips)| (name.to_string(), ips.into_iter().map(ip).collect()))
+    .collect();
+    let names: Vec<String> = answers.iter().map(|(name, _)| format!("http://{name}:{port}/")).collect();
+    let guarded = Sender::with_resolver(AllowList::parse(&[]).unwrap(), fixed_resolver(answers)).unwrap();
+    let literals = [
+        "http://10.0.0.1/",
+        "http://172.16.5.4/",
+        "http://192.168.1.10/",
+        "http://[fd12::1]/",
+        "http://169.254.1.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/",
+        "http://[fe80::1]/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[::ffff:a9fe:a9fe]/",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://0.0.0.0/",
+        "http://[::]/",
+    ]
+    .map(|u| u.to_string());
+    let loopback_spellings = [
+        format!("http://127.0.0.1:{port}/"),
+        format!("http://127.1:{port}/"),
+        format!("http://2130706433:{port}/"),
+        format!("http://0x7f000001:{port}/"),
+        format!("http://0177.0.0.1:{port}/"),
+        format!("http://0x7f.0.0.1:{port}/"),
+        format!("http://[::1]:{port}/"),
+        format!("http://[::ffff:127.0.0.1]:{port}/"),
+        format!("http://[::ffff:7f00:1]:{port}/"),
+    ];
+    let mut wrong = Vec::new();
+    let all: Vec<&String> = literals.iter().chain(&loopback_spellings).chain(&names).collect();
+    for url in &all {
+        let (outcome, _) = send(&guarded, url, Duration::from_secs(2)).await;
+        if outcome.result != AttemptResult::RefusedAddress || classify(&outcome) != Verdict::Fail {
+            wrong.push(format!("{url}: {outcome:?}"));
+        } else if !outcome.error_message.as_deref().unwrap_or("").contains("network.allow_cidrs") {
+            wrong.push(format!("{url}: the message does not say how to permit it: {:?}", outcome.error_message));
+        }
+    }
+    assert!(wrong.is_empty(), "{} of {} not refused:\n{}", wrong.len(), all.len(), wrong.join("\n"));
+    srv.assert_untouched().await;
+}
+
+/// A name with a permitted and a refused answer connects only to the permitted one, and a
+/// loopback allow-list entry does not admit the metadata address behind a name.
+#[tokio::test]
+async fn a_name_connects_only_to_its_permitted_answers() {
+    let mut srv = answering(response("200 OK", &[], "ok")).await;
+    let port = srv.addr.port();
+    let answers = vec![
+        ("mixed.test".to_string(), vec!["169.254.169.254".parse().unwrap(), "127.0.0.1".parse().unwrap()]),
+        ("metadata.test".to_string(), vec!["169.254.169.254".parse().unwrap()]),
+    ];
+    let allow = AllowList::parse(&["127.0.0.0/8".to_string(), "169.254.0.0/16".to_string()]).unwrap();
+    let sender = Sender::with_resolver(allow, fixed_resolver(answers)).unwrap();
+    let (outcome, _) = send(&sender, &format!("http://metadata.test:{port}/"), Duration::from_secs(2)).await;
+    assert_eq!(outcome.result, AttemptResult::RefusedAddress, "{outcome:?}");
+    let (outcome, _) = send(&sender, &format!("http://mixed.test:{port}/"), Duration::from_secs(5)).await;
+    assert_eq!(outcome.result, AttemptResult::Success, "{outcome:?}");
+    assert_eq!(srv.next_request().await.one("host"), format!("mixed.test:{port}"));
 }
 
 // ---------------------------------------------------------------------------------------------

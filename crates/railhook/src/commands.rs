@@ -85,7 +85,7 @@ async fn api_state(config: Config, metrics: Metrics) -> anyhow::Result<railhook_
     let pool = railhook_store::connect_pool(&config.database)
         .await
         .with_context(|| format!("connecting to {}", railhook_config::redact_url(&config.database.url)))?;
-    Ok(railhook_api::AppState { config: Arc::new(config), pool, metrics })
+    Ok(railhook_api::AppState::new(Arc::new(config), pool, metrics))
 }
 
 pub async fn api(config: Config) -> anyhow::Result<ExitCode> {

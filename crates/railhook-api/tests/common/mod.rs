@@ -38,8 +38,17 @@ impl Api {
     }
 
     pub async fn start_with(db: TestDb, config: Config) -> Api {
+        Self::start_resolving(db, config, None).await
+    }
+
+    /// As [`Api::start_with`]; with `resolver`, Endpoint host names get its fixed answers
+    /// instead of the system resolver's.
+    pub async fn start_resolving(db: TestDb, config: Config, resolver: Option<railhook_core::address::Resolver>) -> Api {
         let pool = railhook_store::connect_pool(&config.database).await.unwrap();
-        let state = AppState { config: Arc::new(config.clone()), pool, metrics: Metrics::new() };
+        let mut state = AppState::new(Arc::new(config.clone()), pool, Metrics::new());
+        if let Some(resolver) = resolver {
+            state.resolver = resolver;
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
