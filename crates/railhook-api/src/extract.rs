@@ -187,7 +187,7 @@ impl FromRequestParts<AppState> for Project {
             ApiError::unauthorized("missing API key: send Authorization: Bearer <key> or X-API-Key: <key>")
         })?;
         let client = state.pool.get().await?;
-        match tenancy::authenticate(&**client, key).await? {
+        match tenancy::authenticate(&client, key).await? {
             Some(principal) => Ok(Project(principal)),
             None => Err(ApiError::unauthorized("the API key is not valid or has been revoked")),
         }

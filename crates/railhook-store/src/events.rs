@@ -21,7 +21,8 @@ use crate::StoreError;
 /// The outgoing ladder of DESIGN.md 6.3, used when a Subscription has no `retry_delays`.
 pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400];
 
-const INGEST_SQL: &str = "
+/// Public so the ingest benchmark's pgbench baseline runs the very same statement.
+pub const INGEST_SQL: &str = "
 WITH ev AS (
     INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256)
     VALUES ($1, $2, $3, $4, $5, $6)

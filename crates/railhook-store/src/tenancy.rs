@@ -116,16 +116,14 @@ pub async fn create_api_key(db: &impl GenericClient, project: ProjectId, name: &
 
 /// The key's project, if the key exists and is not revoked. One indexed lookup; revocation
 /// therefore takes effect on the next request.
-pub async fn authenticate(db: &impl GenericClient, secret: &str) -> Result<Option<Principal>, StoreError> {
+/// On every authenticated request: the statement is prepared once per pooled connection (one
+/// round trip per request, not a parse and an execute).
+pub async fn authenticate<C: deadpool_postgres::GenericClient + Sync>(db: &C, secret: &str) -> Result<Option<Principal>, StoreError> {
     if !secret.starts_with(API_KEY_PREFIX) {
         return Ok(None);
     }
-    let row = db
-        .query_opt(
-            "SELECT id, project_id FROM api_keys WHERE secret_sha256 = $1 AND revoked_at IS NULL",
-            &[&hash_key(secret)],
-        )
-        .await?;
+    let statement = db.prepare_cached("SELECT id, project_id FROM api_keys WHERE secret_sha256 = $1 AND revoked_at IS NULL").await?;
+    let row = db.query_opt(&statement, &[&hash_key(secret)]).await?;
     Ok(row.map(|r| Principal { key_id: ApiKeyId(r.get(0)), project_id: ProjectId(r.get(1)) }))
 }
 

@@ -1,0 +1,91 @@
+//! A Railhook deployment for one benchmark: a fresh database, its own topic prefix and slot,
+//! and the api (plus, for e2e, the relay and the worker) as separate `railhook` processes.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use railhook_config::Config;
+use railhook_testkit::{test_config, TestDb};
+use serde_json::json;
+
+use crate::http::post_json;
+use crate::procs::{free_port, wait_ready, Proc};
+
+pub struct Stack {
+    pub db: TestDb,
+    pub config: Config,
+    pub api_addr: SocketAddr,
+    pub api_key: String,
+    pub procs: Vec<Proc>,
+}
+
+impl Stack {
+    /// `pipeline`: also run the relay and the worker (e2e); the api alone otherwise.
+    pub async fn start(bin: &Path, name: &str, pipeline: bool, tune: impl FnOnce(&mut Config)) -> anyhow::Result<Stack> {
+        let db = TestDb::new().await;
+        let mut config = test_config(&db);
+        config.database.max_connections = Config::default().database.max_connections;
+        config.kafka.partitions = 6;
+        config.telemetry.log_filter = "warn".into();
+        config.api.listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        config.relay.ops_listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        config.worker.ops_listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        tune(&mut config);
+        let dir = log_dir(name);
+        let api_addr = config.api.listen;
+        let mut api = Proc::spawn(bin, &config, "api", &["api"], &dir)?;
+        wait_ready(&mut api, &format!("http://{api_addr}/readyz"), None, Duration::from_secs(30)).await?;
+        let mut procs = vec![api];
+        if pipeline {
+            railhook_kafka::ensure_topics(&config.kafka, &[config.deliveries_topic(), config.forwards_topic()]).await?;
+            let mut relay = Proc::spawn(bin, &config, "relay", &["relay"], &dir)?;
+            let url = format!("http://{}/metrics", config.relay.ops_listen);
+            wait_ready(&mut relay, &url, Some("railhook_relay_stream_live 1"), Duration::from_secs(60)).await?;
+            let mut worker = Proc::spawn(bin, &config, "worker", &["worker"], &dir)?;
+            wait_ready(&mut worker, &format!("http://{}/readyz", config.worker.ops_listen), None, Duration::from_secs(60)).await?;
+            procs.push(relay);
+            procs.push(worker);
+        }
+        let token = config.api.admin_token.clone();
+        let org = post_json(api_addr, "/v1/admin/organizations", &token, json!({"name": "bench"})).await?;
+        let org = org["id"].as_str().context("organization id")?;
+        let project = post_json(api_addr, &format!("/v1/admin/organizations/{org}/projects"), &token, json!({"name": name})).await?;
+        let api_key = project["api_key"]["secret"].as_str().context("api key")?.to_string();
+        Ok(Stack { db, config, api_addr, api_key, procs })
+    }
+
+    /// An Endpoint at `url` subscribed to `pattern`; returns its id.
+    pub async fn endpoint(&self, url: &str, pattern: &str) -> anyhow::Result<String> {
+        let ep = post_json(self.api_addr, "/v1/endpoints", &self.api_key, json!({"url": url})).await?;
+        let id = ep["id"].as_str().context("endpoint id")?.to_string();
+        post_json(self.api_addr, "/v1/subscriptions", &self.api_key, json!({"endpoint_id": id, "event_type": pattern})).await?;
+        Ok(id)
+    }
+
+    pub fn proc(&self, name: &str) -> &Proc {
+        self.procs.iter().find(|p| p.name == name).expect("a started component")
+    }
+
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        self.procs.iter_mut().try_for_each(|p| p.check_running())
+    }
+
+    pub async fn stop(mut self) {
+        // The worker first, then the relay, then the api: nothing left half-done.
+        while let Some(p) = self.procs.pop() {
+            p.stop().await;
+        }
+        let client = self.db.client().await;
+        client
+            .execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", &[&self.config.relay.slot_name])
+            .await
+            .ok();
+    }
+}
+
+fn log_dir(name: &str) -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
+    base.join("bench").join(name)
+}
