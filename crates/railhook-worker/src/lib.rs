@@ -52,7 +52,8 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let pool = railhook_store::build_pool(&config.database)?;
     let allow = railhook_core::address::AllowList::parse(&config.network.allow_cidrs).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
     let sender = http::Sender::new(allow).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
-    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone() });
+    let claimer = runner::Claimer::start(pool.clone(), store::Limits::from_config(&config.worker), metrics.clone(), config.worker.max_in_flight);
+    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer });
 
     let topic = config.deliveries_topic();
     loop {

@@ -23,6 +23,8 @@ pub struct WorkerMetrics {
     pub scheduled: IntCounter,
     pub swept: IntCounterVec,
     pub in_flight: IntGauge,
+    /// Claims per `railhook_claim_batch` call.
+    pub claim_batch_size: Histogram,
     pub queue_depth: IntGauge,
     pub oldest_pending_age: prometheus::Gauge,
 }
@@ -51,6 +53,10 @@ impl WorkerMetrics {
             bad_messages: counter("railhook_worker_bad_messages_total", "Announcements that did not parse (skipped)."),
             scheduled: counter("railhook_worker_retries_scheduled_total", "Due retries claimed and announced by the scheduler."),
             swept: IntCounterVec::new(Opts::new("railhook_worker_swept_total", "Deliveries moved by the sweeps, by sweep."), &["sweep"]).expect("valid metric"),
+            claim_batch_size: Histogram::with_opts(
+                HistogramOpts::new("railhook_worker_claim_batch_size", "Claims decided per claim round trip.").buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            )
+            .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
@@ -69,6 +75,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.scheduled.clone()))?;
         registry.register(Box::new(self.swept.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
+        registry.register(Box::new(self.claim_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;
         registry.register(Box::new(self.oldest_pending_age.clone()))?;
         Ok(())

@@ -7,6 +7,12 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::GenericClient;
 use uuid::Uuid;
 
+/// A pooled connection (or a transaction on one) with its statement cache: the per-Attempt
+/// statements (claim, finalise, release) are prepared once per connection, so each costs one
+/// round trip instead of a parse and an execute.
+pub trait Prepared: deadpool_postgres::GenericClient + Sync {}
+impl<C: deadpool_postgres::GenericClient + Sync> Prepared for C {}
+
 /// Everything one Attempt needs, returned by the claim itself (one round trip).
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -39,13 +45,14 @@ SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_att
        e.event_type, e.created_at, e.payload::text, ep.url, ep.enabled, ep.headers,
        ARRAY(SELECT s.secret FROM endpoint_secrets s
              WHERE s.endpoint_id = c.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
-             ORDER BY s.expires_at IS NULL DESC, s.created_at DESC)
-FROM deliveries c
+             ORDER BY s.expires_at IS NULL DESC, s.created_at DESC),
+       c.claim_token
+FROM unnest($1::uuid[], $2::uuid[]) AS want (id, token)
+JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
 JOIN events e ON e.id = c.event_id
-JOIN endpoints ep ON ep.id = c.endpoint_id
-WHERE c.id = $1 AND c.claim_token = $2";
+JOIN endpoints ep ON ep.id = c.endpoint_id";
 
-/// Limits the claim enforces (see `railhook_claim` in migrations/0008_deferrals.sql).
+/// Limits the claim enforces (see `railhook_claim_batch` in migrations/0009_claim_batch.sql).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub endpoint_concurrency: i32,
@@ -77,32 +84,63 @@ pub enum ClaimResult {
     Deferred(String),
 }
 
-/// 6.1 with the admission checks: `railhook_claim` (one round trip) takes the project's and
-/// the endpoint's advisory locks, checks the circuit, the concurrency and the rates, and
-/// either claims (`WHERE status = 'PENDING' AND due AND claim_token IS NOT DISTINCT FROM
-/// hint`), defers, or finds nothing. `hint_token` is the scheduler's token on the retry path
-/// (the consumer swaps it for its own only while the row still carries it); `None` for first
-/// announcements, which claim only untokened rows.
-pub async fn claim(db: &impl GenericClient, delivery: Uuid, token: Uuid, hint_token: Option<Uuid>, limits: &Limits) -> Result<ClaimResult, tokio_postgres::Error> {
-    let outcome: String = db
-        .query_one(
-            "SELECT railhook_claim($1, $2, $3, $4, $5, $6, $7, $8)",
-            &[&delivery, &token, &hint_token, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s],
-        )
-        .await?
-        .get(0);
-    match outcome.as_str() {
-        "none" => return Ok(ClaimResult::Nothing),
-        "claimed" => {}
-        _ => return Ok(ClaimResult::Deferred(outcome)),
+/// One claim to make: the Delivery, the token this Attempt will hold, and the hint's token
+/// (the scheduler's on the retry path, `None` for first announcements, which claim only
+/// untokened rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRequest {
+    pub delivery: Uuid,
+    pub token: Uuid,
+    pub hint: Option<Uuid>,
+}
+
+/// 6.1 with the admission checks, for many Deliveries at once: `railhook_claim_batch`
+/// (migrations/0009) takes the projects' and endpoints' advisory locks once for the batch,
+/// checks each Delivery's circuit, concurrency and rates in order, and claims it (`WHERE
+/// status = 'PENDING' AND due AND claim_token IS NOT DISTINCT FROM hint`), defers it, or
+/// finds nothing. The rows the claims won are read by a second statement sent in the same
+/// round trip (pipelined: it runs after the first one committed). Results are in the order
+/// of `requests`.
+pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits: &Limits) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
     }
-    let Some(r) = db.query_opt(CLAIMED_SQL, &[&delivery, &token]).await? else { return Ok(ClaimResult::Nothing) };
-    Ok(ClaimResult::Claimed(Box::new(Claimed {
+    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8)").await?;
+    let read = db.prepare_cached(CLAIMED_SQL).await?;
+    let deliveries: Vec<Uuid> = requests.iter().map(|r| r.delivery).collect();
+    let tokens: Vec<Uuid> = requests.iter().map(|r| r.token).collect();
+    let hints: Vec<Option<Uuid>> = requests.iter().map(|r| r.hint).collect();
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+        [&deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s];
+    let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
+    // Both sent before either answer arrives (tokio-postgres pipelines queries polled
+    // together, in the order polled); each is its own implicit transaction, so the read
+    // runs after the claim committed.
+    let (outcomes, rows) = tokio::join!(db.query(&claim, &claim_params), db.query(&read, &read_params));
+    let (outcomes, rows) = (outcomes?, rows?);
+    let mut claimed: std::collections::HashMap<Uuid, Claimed> = rows.iter().map(|r| (r.get::<_, Uuid>(17), claimed_row(r))).collect();
+    let mut results: Vec<ClaimResult> = vec![ClaimResult::Nothing; requests.len()];
+    for row in outcomes {
+        let (idx, outcome): (i32, String) = (row.get(0), row.get(1));
+        let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
+        results[i] = match outcome.as_str() {
+            "none" => ClaimResult::Nothing,
+            // Claimed and read back; a row gone between the two statements (swept) claims
+            // nothing.
+            "claimed" => claimed.remove(&requests[i].token).map_or(ClaimResult::Nothing, |c| ClaimResult::Claimed(Box::new(c))),
+            _ => ClaimResult::Deferred(outcome),
+        };
+    }
+    Ok(results)
+}
+
+fn claimed_row(r: &tokio_postgres::Row) -> Claimed {
+    Claimed {
         id: r.get(0),
         project_id: r.get(1),
         event_id: r.get(2),
         endpoint_id: r.get(3),
-        token,
+        token: r.get(17),
         attempt_count: r.get(4),
         max_attempts: r.get(5),
         retry_delays: r.get(6),
@@ -116,7 +154,7 @@ pub async fn claim(db: &impl GenericClient, delivery: Uuid, token: Uuid, hint_to
         enabled: r.get(14),
         headers: r.get(15),
         secrets: r.get(16),
-    })))
+    }
 }
 
 /// The breaker's settings for the finalise.
@@ -182,7 +220,7 @@ pub struct Finalised {
 
 /// `healthy`: the outcome counts as a success for the endpoint's circuit (it answered,
 /// whatever the status, unless the answer asks for a retry).
-pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, last_error: Option<&str>, attempt: &AttemptRecord, healthy: bool, circuit: &Circuit) -> Result<Finalised, tokio_postgres::Error> {
+pub async fn finalise<C: Prepared>(db: &C, claimed: &Claimed, next: &Next, last_error: Option<&str>, attempt: &AttemptRecord, healthy: bool, circuit: &Circuit) -> Result<Finalised, tokio_postgres::Error> {
     let (status, retry_at) = match next {
         Next::Success => ("SUCCESS", None),
         Next::RetryAt(at) => ("PENDING", Some(*at)),
@@ -190,9 +228,10 @@ pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, l
     };
     let attempt_id = Uuid::now_v7();
     let number = claimed.attempt_count + 1;
+    let finalise = db.prepare_cached(FINALISE_SQL).await?;
     let row = db
         .query_one(
-            FINALISE_SQL,
+            &finalise,
             &[
                 &claimed.id,
                 &claimed.token,
@@ -223,11 +262,16 @@ pub async fn finalise(db: &impl GenericClient, claimed: &Claimed, next: &Next, l
 
 /// A Deferral, or a Claim given back at shutdown: back to PENDING, due at `at`, no Attempt
 /// spent. Conditional on the Claim like every other write.
-pub async fn release(db: &impl GenericClient, delivery: Uuid, token: Uuid, at: Option<DateTime<Utc>>) -> Result<bool, tokio_postgres::Error> {
-    let n = db
-        .execute(
+pub async fn release<C: Prepared>(db: &C, delivery: Uuid, token: Uuid, at: Option<DateTime<Utc>>) -> Result<bool, tokio_postgres::Error> {
+    let release = db
+        .prepare_cached(
             "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, next_retry_at = $3, updated_at = now()
              WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING'",
+        )
+        .await?;
+    let n = db
+        .execute(
+            &release,
             &[&delivery, &token, &at],
         )
         .await?;

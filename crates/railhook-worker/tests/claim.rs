@@ -1,0 +1,120 @@
+//! `store::claim_batch` against the real Postgres: a batch decides each claim as a claim on
+//! its own would, in order (limits count the batch's earlier claims), a Delivery twice in a
+//! batch is claimed once, hints must match, and concurrent batches of one endpoint never
+//! exceed its concurrency between them.
+
+use railhook_testkit::relay::{Fixture, SubscriptionSpec};
+use railhook_testkit::{test_config, TestDb};
+use railhook_worker::store::{self, ClaimRequest, ClaimResult, Limits};
+use uuid::Uuid;
+
+fn limits(endpoint: i32, project: i32) -> Limits {
+    Limits { endpoint_concurrency: endpoint, project_concurrency: project, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0 }
+}
+
+fn first(delivery: &str) -> ClaimRequest {
+    let id: railhook_core::DeliveryId = delivery.parse().unwrap();
+    ClaimRequest { delivery: id.0, token: Uuid::new_v4(), hint: None }
+}
+
+fn kinds(results: &[ClaimResult]) -> Vec<String> {
+    results
+        .iter()
+        .map(|r| match r {
+            ClaimResult::Claimed(_) => "claimed".to_string(),
+            ClaimResult::Nothing => "none".to_string(),
+            ClaimResult::Deferred(reason) => reason.clone(),
+        })
+        .collect()
+}
+
+async fn setup(endpoints: usize) -> (TestDb, railhook_store::Pool, Fixture) {
+    let db = TestDb::new().await;
+    let config = test_config(&db);
+    let client = db.client().await;
+    let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
+    let (fixture, _) = Fixture::create_with(&client, &urls, &SubscriptionSpec::default()).await;
+    let pool = railhook_store::build_pool(&config.database).unwrap();
+    (db, pool, fixture)
+}
+
+#[tokio::test]
+async fn a_batch_counts_its_own_claims_against_the_limits() {
+    let (_db, pool, fixture) = setup(2).await;
+    let mut requests = Vec::new();
+    for _ in 0..5 {
+        // Each event has one Delivery per endpoint: [endpoint 0, endpoint 1] in some order.
+        for d in fixture.ingest(&pool, "order.created").await {
+            requests.push(first(&d));
+        }
+    }
+    let client = pool.get().await.unwrap();
+    // Endpoint limit 2 and project limit 3: at most 2 per endpoint, 3 in all.
+    let results = store::claim_batch(&client, &requests, &limits(2, 3)).await.unwrap();
+    let k = kinds(&results);
+    assert_eq!(k.iter().filter(|r| *r == "claimed").count(), 3, "{k:?}");
+    assert_eq!(k.iter().filter(|r| r.ends_with("_concurrency")).count(), 7, "{k:?}");
+    let mut per_endpoint = std::collections::HashMap::new();
+    for r in &results {
+        if let ClaimResult::Claimed(c) = r {
+            *per_endpoint.entry(c.endpoint_id).or_insert(0) += 1;
+            assert_eq!(c.project_id, fixture.project.0);
+            assert!(c.payload.contains("\"n\""), "the claim returns what the Attempt needs: {}", c.payload);
+        }
+    }
+    assert!(per_endpoint.values().all(|n| *n <= 2), "{per_endpoint:?}");
+    let processing: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
+    assert_eq!(processing, 3);
+    // The deferred ones stay PENDING, untokened, due later; no Attempt was spent.
+    let deferred: i64 = client
+        .query_one("SELECT count(*) FROM deliveries WHERE status = 'PENDING' AND claim_token IS NULL AND next_retry_at > now() AND attempt_count = 0", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(deferred, 7);
+}
+
+#[tokio::test]
+async fn a_delivery_twice_in_a_batch_is_claimed_once_and_hints_must_match() {
+    let (_db, pool, fixture) = setup(1).await;
+    let d = fixture.ingest(&pool, "order.created").await.remove(0);
+    let other = fixture.ingest(&pool, "order.created").await.remove(0);
+    let client = pool.get().await.unwrap();
+    let a = first(&d);
+    let b = first(&d);
+    // A hint carrying a token the row does not have claims nothing.
+    let wrong_hint = ClaimRequest { hint: Some(Uuid::new_v4()), ..first(&other) };
+    let results = store::claim_batch(&client, &[a, b, wrong_hint], &limits(0, 0)).await.unwrap();
+    assert_eq!(kinds(&results), ["claimed", "none", "none"]);
+    let ClaimResult::Claimed(c) = &results[0] else { unreachable!() };
+    assert_eq!(c.token, a.token, "the claim holds the first request's token");
+    let token: Uuid = client.query_one("SELECT claim_token FROM deliveries WHERE id = $1", &[&a.delivery]).await.unwrap().get(0);
+    assert_eq!(token, a.token);
+    assert!(store::claim_batch(&client, &[], &limits(0, 0)).await.unwrap().is_empty());
+}
+
+/// Batches racing on other connections: the endpoint's limit holds between them (the locks
+/// serialise the decisions), and every Delivery is decided exactly once.
+#[tokio::test]
+async fn concurrent_batches_share_the_limits() {
+    let (_db, pool, fixture) = setup(1).await;
+    let mut all = Vec::new();
+    for _ in 0..40 {
+        all.extend(fixture.ingest(&pool, "order.created").await.into_iter().map(|d| first(&d)));
+    }
+    let mut tasks = Vec::new();
+    for chunk in all.chunks(10) {
+        let (pool, chunk) = (pool.clone(), chunk.to_vec());
+        tasks.push(tokio::spawn(async move {
+            let client = pool.get().await.unwrap();
+            store::claim_batch(&client, &chunk, &limits(7, 0)).await.unwrap()
+        }));
+    }
+    let mut k = Vec::new();
+    for t in tasks {
+        k.extend(kinds(&t.await.unwrap()));
+    }
+    assert_eq!(k.len(), 40);
+    assert_eq!(k.iter().filter(|r| *r == "claimed").count(), 7, "{k:?}");
+    assert_eq!(k.iter().filter(|r| *r == "endpoint_concurrency").count(), 33, "{k:?}");
+}
