@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 pub mod kafka;
+pub mod pg;
 pub mod relay;
 pub mod tls;
 

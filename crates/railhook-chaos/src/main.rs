@@ -1,0 +1,90 @@
+//! `railhook-chaos`: runs the fault-injection suite once, prints the report, writes it as
+//! JSON, and exits 0 when every invariant held (1 when one did not, 2 when the run could not
+//! be carried out). `scripts/chaos` builds and runs it; docs/RELIABILITY.md explains it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "railhook-chaos")]
+struct Cli {
+    /// The railhook binary (built in release mode by scripts/chaos).
+    #[arg(long, value_name = "PATH")]
+    railhook_bin: PathBuf,
+    /// The short deterministic mode: 500 events over 5 endpoints, one fault of each kind at
+    /// fixed points, a fixed seed.
+    #[arg(long)]
+    quick: bool,
+    /// Events to send (default: 20000; 500 with --quick).
+    #[arg(long)]
+    events: Option<usize>,
+    /// Endpoints (default: 20; 5 with --quick).
+    #[arg(long)]
+    endpoints: Option<usize>,
+    /// Events per second offered (default: 100; 20 with --quick).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Seed of the fault schedule and the receivers' dice (default: random; 7 with --quick).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Seconds the receiver stays away (default: 60; 4 with --quick).
+    #[arg(long)]
+    outage_secs: Option<u64>,
+    /// SIGKILLs of each component in a full run (default 3).
+    #[arg(long)]
+    kills: Option<usize>,
+    /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Keep the run's folder (logs, configuration, receiver log) even when it passed.
+    #[arg(long)]
+    keep: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt().with_env_filter(std::env::var("RAILHOOK_CHAOS_LOG").unwrap_or_else(|_| "warn".into())).with_writer(std::io::stderr).with_ansi(false).init();
+    let mut opts = if cli.quick { railhook_chaos::Options::quick(cli.railhook_bin) } else { railhook_chaos::Options::full(cli.railhook_bin) };
+    if let Some(n) = cli.events {
+        opts.events = n.max(1);
+    }
+    if let Some(n) = cli.endpoints {
+        opts.endpoints = n.max(1);
+    }
+    if let Some(r) = cli.rate {
+        opts.rate = r.max(0.1);
+    }
+    if let Some(s) = cli.seed {
+        opts.seed = s;
+    }
+    if let Some(s) = cli.outage_secs {
+        opts.outage = Duration::from_secs(s);
+    }
+    if let Some(k) = cli.kills {
+        opts.kills_per_component = k;
+    }
+    opts.keep = cli.keep;
+    let out = cli.out.unwrap_or_else(|| PathBuf::from(if opts.quick { "chaos/results/quick.json" } else { "chaos/results/latest.json" }));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let report = match runtime.block_on(railhook_chaos::run(&opts)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("railhook-chaos: the run could not be carried out: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    print!("{}", railhook_chaos::render(&report));
+    match railhook_chaos::write_json(&report, &out) {
+        Ok(()) => eprintln!("railhook-chaos: report written to {}", out.display()),
+        Err(e) => eprintln!("railhook-chaos: {e:#}"),
+    }
+    if report.verdict.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,169 @@
+//! The components as real processes of the `railhook` binary, each under a supervisor: a
+//! process that is killed (by the fault controller) or exits on its own is started again
+//! after a short delay, with the same configuration and ports.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+
+/// What a supervisor saw of its process.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ProcessStats {
+    pub starts: u32,
+    pub kills: u32,
+    /// Exits nobody asked for (a crash, a fatal error): a finding in itself.
+    pub unexpected_exits: Vec<String>,
+}
+
+enum Order {
+    Kill(oneshot::Sender<DateTime<Utc>>),
+    Stop(oneshot::Sender<()>),
+}
+
+/// One supervised component (`railhook <subcommand> --config <file>`).
+pub struct Supervised {
+    pub name: &'static str,
+    orders: mpsc::Sender<Order>,
+    stats: Arc<Mutex<ProcessStats>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    pub log: PathBuf,
+}
+
+impl Supervised {
+    /// Starts `bin subcommand --config config`, its stdout and stderr appended to
+    /// `log_dir/<name>.log`, and keeps it running.
+    pub fn start(name: &'static str, bin: &Path, subcommand: &str, config: &Path, log_dir: &Path, restart_delay: Duration) -> Supervised {
+        let log = log_dir.join(format!("{name}.log"));
+        let (tx, rx) = mpsc::channel(4);
+        let stats = Arc::new(Mutex::new(ProcessStats::default()));
+        let spec = Spec { name, bin: bin.to_path_buf(), subcommand: subcommand.to_string(), config: config.to_path_buf(), log: log.clone(), restart_delay };
+        let task = tokio::spawn(supervise(spec, rx, stats.clone()));
+        Supervised { name, orders: tx, stats, task: Some(task), log }
+    }
+
+    /// kill -9; returns when it was sent (the supervisor starts the process again after its
+    /// delay). The time is when the signal was sent.
+    pub async fn kill(&self) -> DateTime<Utc> {
+        let (tx, rx) = oneshot::channel();
+        if self.orders.send(Order::Kill(tx)).await.is_err() {
+            return Utc::now();
+        }
+        rx.await.unwrap_or_else(|_| Utc::now())
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL; the supervisor ends.
+    pub async fn stop(&mut self) {
+        let (tx, rx) = oneshot::channel();
+        if self.orders.send(Order::Stop(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    pub fn stats(&self) -> ProcessStats {
+        self.stats.lock().unwrap().clone()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+struct Spec {
+    name: &'static str,
+    bin: PathBuf,
+    subcommand: String,
+    config: PathBuf,
+    log: PathBuf,
+    restart_delay: Duration,
+}
+
+impl Spec {
+    fn spawn(&self) -> std::io::Result<tokio::process::Child> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.arg(&self.subcommand)
+            .arg("--config")
+            .arg(&self.config)
+            // Nothing from the caller's environment (scripts export RAILHOOK_* variables):
+            // the configuration file says everything.
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_BACKTRACE", "1")
+            .current_dir(self.config.parent().unwrap_or(Path::new("/")))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; the child dies with the thread that spawned it
+        // (a runtime worker thread, which lives as long as the controller's runtime).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        cmd.spawn()
+    }
+}
+
+async fn supervise(spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc<Mutex<ProcessStats>>) {
+    loop {
+        let mut child = loop {
+            match spec.spawn() {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::error!(component = spec.name, error = %e, "cannot start; retrying");
+                    tokio::time::sleep(spec.restart_delay).await;
+                }
+            }
+        };
+        stats.lock().unwrap().starts += 1;
+        tokio::select! {
+            status = child.wait() => {
+                let what = match status {
+                    Ok(s) => s.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                tracing::warn!(component = spec.name, status = %what, "exited on its own; starting it again");
+                stats.lock().unwrap().unexpected_exits.push(format!("{} {what}", Utc::now().to_rfc3339()));
+                tokio::time::sleep(spec.restart_delay).await;
+            }
+            order = orders.recv() => match order {
+                Some(Order::Kill(done)) => {
+                    let at = Utc::now();
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    stats.lock().unwrap().kills += 1;
+                    let _ = done.send(at);
+                    tracing::info!(component = spec.name, "killed (SIGKILL); starting it again after {:?}", spec.restart_delay);
+                    tokio::time::sleep(spec.restart_delay).await;
+                }
+                other => {
+                    if let Some(pid) = child.id() {
+                        // SAFETY: a plain kill(2) of our own child.
+                        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                    }
+                    if tokio::time::timeout(Duration::from_secs(40), child.wait()).await.is_err() {
+                        tracing::warn!(component = spec.name, "did not stop within 40 s of SIGTERM; killing it");
+                        let _ = child.start_kill();
+                        let _ = child.wait().await;
+                    }
+                    if let Some(Order::Stop(done)) = other {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
