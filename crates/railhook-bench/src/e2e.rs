@@ -199,7 +199,7 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
         refused: sent.len() - accepted.len(),
         achieved_per_s: ids.len() as f64 / duration.as_secs_f64(),
         delivered,
-        latency: if ms.is_empty() { percentiles(vec![f64::NAN]) } else { percentiles(ms) },
+        latency: percentiles(ms),
         drained_in_s,
         cpu,
     })

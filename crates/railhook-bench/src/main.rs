@@ -145,7 +145,12 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+/// Percentiles of a sample; an empty sample gives NaN everywhere (printed as "NaN", never a
+/// panic: a phase in which nothing arrived is a result too).
 pub fn percentiles(mut ms: Vec<f64>) -> Percentiles {
+    if ms.is_empty() {
+        return Percentiles { count: 0, p50: f64::NAN, p95: f64::NAN, p99: f64::NAN, max: f64::NAN };
+    }
     ms.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
     Percentiles { count: ms.len(), p50: at(0.50), p95: at(0.95), p99: at(0.99), max: *ms.last().unwrap_or(&0.0) }
