@@ -13,6 +13,9 @@
 -- A row is claimed (or deferred) only if, after the locks, it is still PENDING, due, and
 -- carries the hint's token: a concurrent claim of the same Delivery that won the locks first
 -- makes this one 'none' instead of being overwritten (0008 re-read nothing after its locks).
+--
+-- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
+-- is not visible: see below), or the Deferral's reason.
 
 CREATE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
@@ -68,7 +71,20 @@ BEGIN
           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i];
         IF NOT FOUND THEN
-            idx := i; outcome := 'none'; RETURN NEXT;
+            -- 'missing': no such row in this snapshot. A hint comes from an outbox row
+            -- committed with its Delivery, so the row exists; it is not visible yet when the
+            -- commit record was flushed (and decoded, and announced) before the committing
+            -- backend left the proc array. The worker claims it again shortly. 'none' only
+            -- for a row seen and not claimable: this statement has a newer snapshot than the
+            -- one above, in which the row may just have become visible, and claimable.
+            idx := i;
+            outcome := CASE WHEN EXISTS (
+                SELECT 1 FROM deliveries dl WHERE dl.id = p_deliveries[i]
+                  AND NOT (dl.status = 'PENDING'
+                           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i]))
+              THEN 'none' ELSE 'missing' END;
+            RETURN NEXT;
             CONTINUE;
         END IF;
         -- Taken above unless the row became PENDING after that (a release in between):

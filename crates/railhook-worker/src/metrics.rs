@@ -14,6 +14,8 @@ pub struct WorkerMetrics {
     pub claims_won: IntCounter,
     /// Hints that claimed nothing (already done, not due, or owned elsewhere).
     pub claims_lost: IntCounter,
+    /// Claims that found no Delivery yet (its commit not visible) and were made again.
+    pub claims_unseen: IntCounter,
     pub fence_lost: IntCounter,
     pub deferrals: IntCounterVec,
     /// Circuit breaker state changes by change (opened, closed, reopened).
@@ -47,6 +49,7 @@ impl WorkerMetrics {
             .expect("valid metric"),
             claims_won: counter("railhook_worker_claims_won_total", "Announcements that claimed their Delivery."),
             claims_lost: counter("railhook_worker_claims_lost_total", "Announcements that claimed nothing (a duplicate, not due, or owned elsewhere)."),
+            claims_unseen: counter("railhook_worker_claims_unseen_total", "Claims that did not see their Delivery yet (announced before its commit was visible) and were made again."),
             fence_lost: counter("railhook_worker_fence_lost_total", "Finalises that found their Claim gone (the Delivery was swept)."),
             deferrals: IntCounterVec::new(Opts::new("railhook_worker_deferrals_total", "Claims released without spending an Attempt, by reason."), &["reason"]).expect("valid metric"),
             circuit_changes: IntCounterVec::new(Opts::new("railhook_worker_circuit_changes_total", "Endpoint circuit state changes, by change."), &["change"]).expect("valid metric"),
@@ -68,6 +71,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.delivery_latency.clone()))?;
         registry.register(Box::new(self.claims_won.clone()))?;
         registry.register(Box::new(self.claims_lost.clone()))?;
+        registry.register(Box::new(self.claims_unseen.clone()))?;
         registry.register(Box::new(self.fence_lost.clone()))?;
         registry.register(Box::new(self.deferrals.clone()))?;
         registry.register(Box::new(self.circuit_changes.clone()))?;

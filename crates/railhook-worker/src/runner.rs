@@ -51,6 +51,13 @@ pub struct Runner {
     pub claimer: Claimer,
 }
 
+/// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
+/// about 4 s in all, far beyond the moment between a commit's WAL flush and its visibility.
+const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
+/// Claims that fail (Postgres unreachable) are made again this many times, 0.2 s to 5 s
+/// apart: about five minutes.
+const CLAIM_FAILURE_RETRIES: u32 = 64;
+
 /// Claims at most this many Deliveries per round trip.
 pub const CLAIM_BATCH: usize = 64;
 
@@ -124,14 +131,44 @@ impl Runner {
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     pub async fn run(&self, delivery: Uuid, hint_token: Option<Uuid>, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, RunError> {
         let token = Uuid::new_v4();
-        let claimed = self.claimer.claim(store::ClaimRequest { delivery, token, hint: hint_token }).await;
-        // Also after a failed claim: the hint is then dropped, and the sweeps recover the
-        // Delivery; holding its offset would stall the whole partition's commits.
+        let request = store::ClaimRequest { delivery, token, hint: hint_token };
+        let mut unseen_waits = UNSEEN_RETRY_MS.iter();
+        let mut failures = 0u32;
+        let claimed = loop {
+            let wait = match self.claimer.claim(request).await {
+                // The hint overtook its Delivery's commit: claim again shortly. After the
+                // last wait the row is taken to be gone (deleted with its endpoint).
+                Ok(store::ClaimResult::Missing) => match unseen_waits.next() {
+                    Some(ms) => {
+                        self.metrics.claims_unseen.inc();
+                        Duration::from_millis(*ms)
+                    }
+                    None => break Ok(store::ClaimResult::Nothing),
+                },
+                // Postgres unreachable or restarting: claim again, backing off, for about
+                // five minutes; the permit held meanwhile is the backpressure on the consumer.
+                Err(e) if failures < CLAIM_FAILURE_RETRIES => {
+                    failures += 1;
+                    let wait = Duration::from_millis(100u64 << failures.min(6)).min(Duration::from_secs(5));
+                    tracing::warn!(error = %e, delivery = %railhook_core::DeliveryId(delivery), ?wait, "claim failed; claiming again");
+                    wait
+                }
+                other => break other,
+            };
+            // Both waits hold the hint's offset: a crash meanwhile redelivers the hint, and so
+            // does a shutdown (the offset stays uncommitted).
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = hard_stop.cancelled() => return Ok(Ran::NothingClaimed),
+            }
+        };
+        // Also after a claim that kept failing: the hint is then dropped and the sweeps
+        // recover the Delivery; holding its offset longer would stall the partition's commits.
         claimed_tx();
         let claimed = claimed?;
         let claimed = match claimed {
             store::ClaimResult::Claimed(c) => *c,
-            store::ClaimResult::Nothing => {
+            store::ClaimResult::Nothing | store::ClaimResult::Missing => {
                 self.metrics.claims_lost.inc();
                 return Ok(Ran::NothingClaimed);
             }

@@ -80,6 +80,11 @@ pub enum ClaimResult {
     /// The hint claims nothing: done, not due, or owned by another token (duplicate windows
     /// 4 and 5).
     Nothing,
+    /// No such Delivery in the claim's snapshot. A hint's Delivery was committed with its
+    /// outbox row, so it exists; Postgres flushes (and the walsender may decode and send) a
+    /// commit before the committing backend's transaction is visible to other snapshots, so
+    /// a fast hint can overtake its own commit. Claimed again shortly (`runner::Runner::run`).
+    Missing,
     /// A Deferral: the Delivery stays PENDING, due again later, no Attempt spent.
     Deferred(String),
 }
@@ -125,6 +130,7 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
         let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
         results[i] = match outcome.as_str() {
             "none" => ClaimResult::Nothing,
+            "missing" => ClaimResult::Missing,
             // Claimed and read back; a row gone between the two statements (swept) claims
             // nothing.
             "claimed" => claimed.remove(&requests[i].token).map_or(ClaimResult::Nothing, |c| ClaimResult::Claimed(Box::new(c))),

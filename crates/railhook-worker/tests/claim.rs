@@ -23,6 +23,7 @@ fn kinds(results: &[ClaimResult]) -> Vec<String> {
         .map(|r| match r {
             ClaimResult::Claimed(_) => "claimed".to_string(),
             ClaimResult::Nothing => "none".to_string(),
+            ClaimResult::Missing => "missing".to_string(),
             ClaimResult::Deferred(reason) => reason.clone(),
         })
         .collect()
@@ -117,4 +118,35 @@ async fn concurrent_batches_share_the_limits() {
     assert_eq!(k.len(), 40);
     assert_eq!(k.iter().filter(|r| *r == "claimed").count(), 7, "{k:?}");
     assert_eq!(k.iter().filter(|r| *r == "endpoint_concurrency").count(), 33, "{k:?}");
+}
+
+/// A Delivery the claim cannot see (here: inserted by a transaction not yet committed, as
+/// when a hint overtakes its commit's visibility) is 'missing', not 'none'; once committed
+/// it is claimed. A Delivery that is there but done is 'none'.
+#[tokio::test]
+async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
+    let (db, pool, fixture) = setup(1).await;
+    let done = fixture.ingest(&pool, "order.created").await.remove(0);
+    let client = pool.get().await.unwrap();
+    let claimed = store::claim_batch(&client, &[first(&done)], &limits(0, 0)).await.unwrap();
+    assert_eq!(kinds(&claimed), ["claimed"]);
+
+    let writer = db.client().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let late = Uuid::new_v4();
+    let done_id: railhook_core::DeliveryId = done.parse().unwrap();
+    writer
+        .execute(
+            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
+             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
+            &[&late, &done_id.0],
+        )
+        .await
+        .unwrap();
+    let late_request = ClaimRequest { delivery: late, token: Uuid::new_v4(), hint: None };
+    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: Uuid::new_v4(), token: Uuid::new_v4(), hint: None }], &limits(0, 0)).await.unwrap();
+    assert_eq!(kinds(&results), ["missing", "none", "missing"]);
+    writer.batch_execute("COMMIT").await.unwrap();
+    let results = store::claim_batch(&client, &[late_request], &limits(0, 0)).await.unwrap();
+    assert_eq!(kinds(&results), ["claimed"]);
 }

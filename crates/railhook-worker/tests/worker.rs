@@ -341,6 +341,51 @@ async fn replayed_and_redelivered_announcements_claim_nothing() {
     sys.stop().await;
 }
 
+/// A hint can overtake its own commit: Postgres flushes a commit record (which the walsender
+/// may decode and the relay announce) before the transaction is visible to other snapshots.
+/// Here the hint is produced while the Delivery's transaction is still open: the worker's
+/// claim does not see the row, claims again, and delivers it once the commit is visible,
+/// instead of dropping the hint (which would leave it to the stranded sweep, an hour later).
+#[tokio::test]
+async fn a_hint_that_overtakes_its_commit_is_claimed_once_the_commit_is_visible() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|_| {}).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/late")], &spec(&[1], 3, 5)).await;
+    let first = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    sys.wait_status(&first, "SUCCESS", Duration::from_secs(30)).await;
+
+    let writer = sys.db.client().await;
+    writer.batch_execute("BEGIN").await.unwrap();
+    let late = uuid::Uuid::new_v4();
+    let first_id: railhook_core::DeliveryId = first.parse().unwrap();
+    writer
+        .execute(
+            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
+             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
+            &[&late, &first_id.0],
+        )
+        .await
+        .unwrap();
+    let late_text = railhook_core::DeliveryId(late).to_string();
+    let hint = serde_json::json!({"v": 1, "delivery_id": late_text, "reason": "created", "outbox_id": 1, "created_at": "x"}).to_string();
+    let producer = railhook_kafka::idempotent_producer(&sys.config.kafka, 100).unwrap();
+    let endpoint = fixture.endpoints[0].to_string();
+    producer
+        .send(rdkafka::producer::FutureRecord::to(&sys.config.deliveries_topic()).key(&endpoint).payload(&hint), Duration::from_secs(10))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "a claim that did not see the Delivery", || async {
+        (sys.worker.metrics.claims_unseen.get() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(receiver.hits("/late").len(), 1, "nothing sent for the uncommitted Delivery");
+    writer.batch_execute("COMMIT").await.unwrap();
+    sys.wait_status(&late_text, "SUCCESS", Duration::from_secs(30)).await;
+    assert_eq!(receiver.hits("/late").len(), 2, "the first Delivery and the late one, once each");
+    assert_eq!(sys.worker.metrics.claims_lost.get(), 0, "no hint was dropped");
+    sys.stop().await;
+}
+
 /// Duplicate window 7: a stalled Attempt's Delivery is swept back to PENDING and delivered
 /// by another run; when the stalled one finally finishes (with a 500), its finalise finds
 /// the Claim gone and queues no successor. Two arrivals (window 8: the receiver dedupes by
