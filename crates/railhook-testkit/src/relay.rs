@@ -226,3 +226,18 @@ impl Fixture {
             .collect()
     }
 }
+
+/// Inserts, on `client` (inside whatever transaction it has open), a new PENDING Delivery
+/// `id` copied from Delivery `of` (same event, endpoint and Subscription; `replay_of = of`,
+/// so the once-per-Subscription index allows it). Tests use it for a Delivery whose commit
+/// they control.
+pub async fn insert_delivery_copy(client: &Client, id: Uuid, of: Uuid) {
+    client
+        .execute(
+            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
+             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
+            &[&id, &of],
+        )
+        .await
+        .expect("insert a copy of a Delivery");
+}

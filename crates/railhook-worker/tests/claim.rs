@@ -135,14 +135,7 @@ async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
     writer.batch_execute("BEGIN").await.unwrap();
     let late = Uuid::new_v4();
     let done_id: railhook_core::DeliveryId = done.parse().unwrap();
-    writer
-        .execute(
-            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
-             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
-            &[&late, &done_id.0],
-        )
-        .await
-        .unwrap();
+    railhook_testkit::relay::insert_delivery_copy(&writer, late, done_id.0).await;
     let late_request = ClaimRequest { delivery: late, token: Uuid::new_v4(), hint: None };
     let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: Uuid::new_v4(), token: Uuid::new_v4(), hint: None }], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["missing", "none", "missing"]);

@@ -358,14 +358,7 @@ async fn a_hint_that_overtakes_its_commit_is_claimed_once_the_commit_is_visible(
     writer.batch_execute("BEGIN").await.unwrap();
     let late = uuid::Uuid::new_v4();
     let first_id: railhook_core::DeliveryId = first.parse().unwrap();
-    writer
-        .execute(
-            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
-             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
-            &[&late, &first_id.0],
-        )
-        .await
-        .unwrap();
+    railhook_testkit::relay::insert_delivery_copy(&writer, late, first_id.0).await;
     let late_text = railhook_core::DeliveryId(late).to_string();
     let hint = serde_json::json!({"v": 1, "delivery_id": late_text, "reason": "created", "outbox_id": 1, "created_at": "x"}).to_string();
     let producer = railhook_kafka::idempotent_producer(&sys.config.kafka, 100).unwrap();
