@@ -52,8 +52,11 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let pool = railhook_store::build_pool(&config.database)?;
     let allow = railhook_core::address::AllowList::parse(&config.network.allow_cidrs).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
     let sender = http::Sender::new(allow).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
-    let claimer = runner::Claimer::start(pool.clone(), store::Limits::from_config(&config.worker), metrics.clone(), config.worker.max_in_flight);
-    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer });
+    let claimer = runner::claimer(pool.clone(), store::Limits::from_config(&config.worker), metrics.clone(), config.worker.max_in_flight);
+    let w = &config.worker;
+    let circuit = store::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
+    let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), config.worker.max_in_flight);
+    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer, finaliser });
 
     let topic = config.deliveries_topic();
     loop {

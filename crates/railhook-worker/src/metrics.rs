@@ -27,6 +27,7 @@ pub struct WorkerMetrics {
     pub in_flight: IntGauge,
     /// Claims per `railhook_claim_batch` call.
     pub claim_batch_size: Histogram,
+    pub finalise_batch_size: Histogram,
     pub queue_depth: IntGauge,
     pub oldest_pending_age: prometheus::Gauge,
 }
@@ -60,6 +61,10 @@ impl WorkerMetrics {
                 HistogramOpts::new("railhook_worker_claim_batch_size", "Claims decided per claim round trip.").buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
             )
             .expect("valid metric"),
+            finalise_batch_size: Histogram::with_opts(
+                HistogramOpts::new("railhook_worker_finalise_batch_size", "Attempts finalised per finalise round trip.").buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+            )
+            .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
@@ -80,6 +85,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.swept.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
         registry.register(Box::new(self.claim_batch_size.clone()))?;
+        registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;
         registry.register(Box::new(self.oldest_pending_age.clone()))?;
         Ok(())

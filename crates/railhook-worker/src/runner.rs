@@ -49,6 +49,7 @@ pub struct Runner {
     pub sender: http::Sender,
     pub metrics: WorkerMetrics,
     pub claimer: Claimer,
+    pub finaliser: Finaliser,
 }
 
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
@@ -58,60 +59,95 @@ const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
 /// apart: about five minutes.
 const CLAIM_FAILURE_RETRIES: u32 = 64;
 
-/// Claims at most this many Deliveries per round trip.
-pub const CLAIM_BATCH: usize = 64;
+/// Claims, or finalises, at most this many Deliveries per round trip.
+pub const BATCH: usize = 64;
 
-type ClaimReply = tokio::sync::oneshot::Sender<Result<store::ClaimResult, RunError>>;
+type Reply<A> = tokio::sync::oneshot::Sender<Result<A, RunError>>;
 
-/// Batches claims: one task takes the first waiting claim and every other one already
-/// waiting (up to [`CLAIM_BATCH`]), claims them in one `store::claim_batch`, and answers each.
-/// Nothing waits for a batch to fill: alone, a claim goes at once; under load, the claims
-/// that queued while a batch ran form the next one. Claims of one project are serialised by
-/// its advisory lock until commit, so one lock and one commit per batch instead of per
-/// Delivery is what lets a project go past a few hundred claims per second.
-#[derive(Clone)]
-pub struct Claimer {
-    tx: tokio::sync::mpsc::Sender<(store::ClaimRequest, ClaimReply)>,
+/// Batches one kind of statement: one task takes the first waiting request and every other
+/// one already waiting (up to [`BATCH`]), runs them in one call of `run` (one round trip and
+/// one commit), and answers each. Nothing waits for a batch to fill: alone, a request goes
+/// at once; under load, the requests that queued while a batch ran form the next one. If the
+/// batch fails, each of its requests gets the error (their callers retry).
+pub struct Batcher<Q, A> {
+    tx: tokio::sync::mpsc::Sender<(Q, Reply<A>)>,
+    what: &'static str,
 }
 
-impl Claimer {
-    /// Starts the batching task; it ends when every clone of the Claimer is dropped.
-    /// `capacity` bounds the claims waiting (the consumer's `max_in_flight`).
-    pub fn start(pool: railhook_store::Pool, limits: store::Limits, metrics: WorkerMetrics, capacity: usize) -> Claimer {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(store::ClaimRequest, ClaimReply)>(capacity.max(1));
+impl<Q, A> Clone for Batcher<Q, A> {
+    fn clone(&self) -> Self {
+        Batcher { tx: self.tx.clone(), what: self.what }
+    }
+}
+
+impl<Q: Send + 'static, A: Send + 'static> Batcher<Q, A> {
+    /// Starts the batching task; it ends when every clone of the Batcher is dropped.
+    /// `capacity` bounds the requests waiting (the consumer's `max_in_flight`). `run` answers
+    /// a batch in the order of its requests.
+    pub fn start<F, Fut>(what: &'static str, capacity: usize, run: F) -> Batcher<Q, A>
+    where
+        F: Fn(Vec<Q>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Vec<A>, RunError>> + Send,
+    {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Q, Reply<A>)>(capacity.max(1));
         tokio::spawn(async move {
-            let mut batch = Vec::with_capacity(CLAIM_BATCH);
-            while rx.recv_many(&mut batch, CLAIM_BATCH).await > 0 {
-                let requests: Vec<store::ClaimRequest> = batch.iter().map(|(r, _)| *r).collect();
-                metrics.claim_batch_size.observe(requests.len() as f64);
-                let results = async {
-                    let client = pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
-                    Ok::<_, RunError>(store::claim_batch(&client, &requests, &limits).await?)
-                }
-                .await;
-                match results {
-                    Ok(results) => {
-                        for ((_, reply), result) in batch.drain(..).zip(results) {
-                            let _ = reply.send(Ok(result));
+            let mut batch = Vec::with_capacity(BATCH);
+            while rx.recv_many(&mut batch, BATCH).await > 0 {
+                let (requests, replies): (Vec<Q>, Vec<Reply<A>>) = batch.drain(..).unzip();
+                match run(requests).await {
+                    Ok(answers) => {
+                        for (reply, answer) in replies.into_iter().zip(answers) {
+                            let _ = reply.send(Ok(answer));
                         }
                     }
                     Err(e) => {
                         let message = e.to_string();
-                        for (_, reply) in batch.drain(..) {
-                            let _ = reply.send(Err(RunError::Claim(message.clone())));
+                        for reply in replies {
+                            let _ = reply.send(Err(RunError::Batch(message.clone())));
                         }
                     }
                 }
             }
         });
-        Claimer { tx }
+        Batcher { tx, what }
     }
 
-    pub async fn claim(&self, request: store::ClaimRequest) -> Result<store::ClaimResult, RunError> {
+    pub async fn call(&self, request: Q) -> Result<A, RunError> {
+        let stopped = || RunError::Batch(format!("the {} batcher stopped", self.what));
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.tx.send((request, reply)).await.map_err(|_| RunError::Claim("the claimer stopped".into()))?;
-        answer.await.map_err(|_| RunError::Claim("the claimer stopped".into()))?
+        self.tx.send((request, reply)).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
+}
+
+/// Claims in batches. Claims of one project are serialised by its advisory lock until
+/// commit, so one lock and one commit per batch instead of per Delivery is what lets a
+/// project go past a few hundred claims per second.
+pub type Claimer = Batcher<store::ClaimRequest, store::ClaimResult>;
+
+/// Finalises in batches: one statement and one WAL flush for many Attempts.
+pub type Finaliser = Batcher<store::FinaliseRequest, store::Finalised>;
+
+pub fn claimer(pool: railhook_store::Pool, limits: store::Limits, metrics: WorkerMetrics, capacity: usize) -> Claimer {
+    Batcher::start("claim", capacity, move |requests: Vec<store::ClaimRequest>| {
+        let (pool, metrics) = (pool.clone(), metrics.clone());
+        async move {
+            metrics.claim_batch_size.observe(requests.len() as f64);
+            let client = pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+            Ok(store::claim_batch(&client, &requests, &limits).await?)
+        }
+    })
+}
+
+pub fn finaliser(pool: railhook_store::Pool, circuit: store::Circuit, metrics: WorkerMetrics, capacity: usize) -> Finaliser {
+    Batcher::start("finalise", capacity, move |requests: Vec<store::FinaliseRequest>| {
+        let (pool, metrics) = (pool.clone(), metrics.clone());
+        async move {
+            metrics.finalise_batch_size.observe(requests.len() as f64);
+            let client = pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
+            Ok(store::finalise_batch(&client, &requests, &circuit).await?)
+        }
+    })
 }
 
 /// The JSON body every receiver gets: the Event, Standard Webhooks style.
@@ -135,7 +171,7 @@ impl Runner {
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut failures = 0u32;
         let claimed = loop {
-            let wait = match self.claimer.claim(request).await {
+            let wait = match self.claimer.call(request).await {
                 // The hint overtook its Delivery's commit: claim again shortly. After the
                 // last wait the row is taken to be gone (deleted with its endpoint).
                 Ok(store::ClaimResult::Missing) => match unseen_waits.next() {
@@ -240,7 +276,7 @@ impl Runner {
         // The circuit counts an answer that asks for a retry as a failure; any other answer,
         // even a 4xx, shows the endpoint is up.
         let healthy = !matches!(verdict, Verdict::Retry { .. });
-        let finalised = self.finalise(&claimed, &next, last_error.as_deref(), &record, healthy).await?;
+        let finalised = self.finalise(store::FinaliseRequest::new(&claimed, next, last_error, record, healthy)).await?;
         if let Some(change) = &finalised.circuit {
             tracing::info!(endpoint = %railhook_core::EndpointId(claimed.endpoint_id), change, "circuit state changed");
             self.metrics.circuit_changes.with_label_values(&[change.as_str()]).inc();
@@ -284,20 +320,13 @@ impl Runner {
 
     /// The finalise, retried a few times on connection trouble: giving up leaves the Delivery
     /// PROCESSING for the sweep (duplicate window 8 then applies).
-    async fn finalise(&self, claimed: &Claimed, next: &Next, last_error: Option<&str>, record: &AttemptRecord, healthy: bool) -> Result<store::Finalised, RunError> {
-        let w = &self.config.worker;
-        let circuit = store::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
+    async fn finalise(&self, request: store::FinaliseRequest) -> Result<store::Finalised, RunError> {
         let mut wait = Duration::from_millis(100);
         for attempt in 0.. {
-            let result = async {
-                let client = self.pool.get().await.map_err(|e| RunError::Pool(e.to_string()))?;
-                Ok::<store::Finalised, RunError>(store::finalise(&client, claimed, next, last_error, record, healthy, &circuit).await?)
-            }
-            .await;
-            match result {
-                Ok(wrote) => return Ok(wrote),
+            match self.finaliser.call(request.clone()).await {
+                Ok(finalised) => return Ok(finalised),
                 Err(e) if attempt < 5 => {
-                    tracing::warn!(error = %e, delivery = %DeliveryId(claimed.id), "finalise failed, retrying");
+                    tracing::warn!(error = %e, delivery = %DeliveryId(request.delivery), "finalise failed, retrying");
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
@@ -322,7 +351,7 @@ pub enum RunError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("connection pool: {0}")]
     Pool(String),
-    /// The batch this claim was in failed (the message is the batch's error).
-    #[error("claim: {0}")]
-    Claim(String),
+    /// The batch this claim or finalise was in failed (the message is the batch's error).
+    #[error("batch: {0}")]
+    Batch(String),
 }

@@ -194,29 +194,6 @@ pub struct AttemptRecord {
     pub response_truncated: bool,
 }
 
-/// The Attempt is inserted whatever happens to the fence (every Attempt is on record); the
-/// Delivery changes, and the successor is queued, only while this worker still holds the
-/// Claim. Returns whether it did.
-const FINALISE_SQL: &str = "
-WITH fenced AS (
-    UPDATE deliveries
-    SET status = $3::text::delivery_status,
-        attempt_count = attempt_count + 1,
-        next_retry_at = $4,
-        claim_token = NULL, claimed_at = NULL,
-        last_error = $5,
-        completed_at = CASE WHEN $3 IN ('SUCCESS', 'FAILED') THEN now() END,
-        updated_at = now()
-    WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING'
-    RETURNING id
-), attempt AS (
-    INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
-                          result, error_message, response_headers, response_body, response_truncated)
-    VALUES ($6, $7, $1, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-)
-SELECT (SELECT count(*) FROM fenced),
-       (SELECT railhook_circuit_record($17, $2, $18, $19, $20, $21) FROM fenced)";
-
 /// What the finalise reports: whether it held the Claim, and the circuit's state change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finalised {
@@ -224,46 +201,96 @@ pub struct Finalised {
     pub circuit: Option<String>,
 }
 
-/// `healthy`: the outcome counts as a success for the endpoint's circuit (it answered,
-/// whatever the status, unless the answer asks for a retry).
-pub async fn finalise<C: Prepared>(db: &C, claimed: &Claimed, next: &Next, last_error: Option<&str>, attempt: &AttemptRecord, healthy: bool, circuit: &Circuit) -> Result<Finalised, tokio_postgres::Error> {
-    let (status, retry_at) = match next {
-        Next::Success => ("SUCCESS", None),
-        Next::RetryAt(at) => ("PENDING", Some(*at)),
-        Next::Failed => ("FAILED", None),
-    };
-    let attempt_id = Uuid::now_v7();
-    let number = claimed.attempt_count + 1;
-    let finalise = db.prepare_cached(FINALISE_SQL).await?;
-    let row = db
-        .query_one(
-            &finalise,
+/// One Attempt's finalise: the Claim it was made under, what to write on the Delivery, the
+/// Attempt itself, and `healthy`: whether the outcome counts as a success for the endpoint's
+/// circuit (it answered, whatever the status, unless the answer asks for a retry).
+#[derive(Debug, Clone)]
+pub struct FinaliseRequest {
+    pub delivery: Uuid,
+    pub token: Uuid,
+    pub project_id: Uuid,
+    pub endpoint_id: Uuid,
+    /// The Attempt's number (the Delivery's `attempt_count` at the claim, plus one).
+    pub number: i32,
+    pub next: Next,
+    pub last_error: Option<String>,
+    pub attempt: AttemptRecord,
+    pub healthy: bool,
+}
+
+impl FinaliseRequest {
+    pub fn new(claimed: &Claimed, next: Next, last_error: Option<String>, attempt: AttemptRecord, healthy: bool) -> FinaliseRequest {
+        FinaliseRequest {
+            delivery: claimed.id,
+            token: claimed.token,
+            project_id: claimed.project_id,
+            endpoint_id: claimed.endpoint_id,
+            number: claimed.attempt_count + 1,
+            next,
+            last_error,
+            attempt,
+            healthy,
+        }
+    }
+}
+
+/// 6.2's finalise for many Attempts in one statement and one commit
+/// (`railhook_finalise_batch`, migrations/0010): each Attempt is inserted whatever happens to
+/// its fence (every Attempt is on record); its Delivery changes, and its successor is
+/// queued, only while the Claim still holds; only then does the outcome count in the
+/// endpoint's circuit. The rows go in endpoint order, so every batch locks circuit rows in
+/// the same order. Results are in the order of `requests`.
+pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], circuit: &Circuit) -> Result<Vec<Finalised>, tokio_postgres::Error> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&i| (requests[i].endpoint_id, i));
+    let sorted: Vec<&FinaliseRequest> = order.iter().map(|&i| &requests[i]).collect();
+    let col = |f: &dyn Fn(&FinaliseRequest) -> Uuid| sorted.iter().map(|r| f(r)).collect::<Vec<Uuid>>();
+    let (deliveries, tokens, projects, endpoints) = (col(&|r| r.delivery), col(&|r| r.token), col(&|r| r.project_id), col(&|r| r.endpoint_id));
+    let attempt_ids: Vec<Uuid> = sorted.iter().map(|_| Uuid::now_v7()).collect();
+    let statuses: Vec<&str> = sorted
+        .iter()
+        .map(|r| match r.next {
+            Next::Success => "SUCCESS",
+            Next::RetryAt(_) => "PENDING",
+            Next::Failed => "FAILED",
+        })
+        .collect();
+    let retry_at: Vec<Option<DateTime<Utc>>> = sorted.iter().map(|r| if let Next::RetryAt(at) = r.next { Some(at) } else { None }).collect();
+    let last_errors: Vec<Option<&str>> = sorted.iter().map(|r| r.last_error.as_deref()).collect();
+    let numbers: Vec<i32> = sorted.iter().map(|r| r.number).collect();
+    let started: Vec<DateTime<Utc>> = sorted.iter().map(|r| r.attempt.started_at).collect();
+    let durations: Vec<i32> = sorted.iter().map(|r| r.attempt.duration_ms).collect();
+    let codes: Vec<Option<i32>> = sorted.iter().map(|r| r.attempt.status_code).collect();
+    let results: Vec<&str> = sorted.iter().map(|r| r.attempt.result.as_str()).collect();
+    let errors: Vec<Option<&str>> = sorted.iter().map(|r| r.attempt.error_message.as_deref()).collect();
+    let headers: Vec<&serde_json::Value> = sorted.iter().map(|r| &r.attempt.response_headers).collect();
+    let bodies: Vec<&str> = sorted.iter().map(|r| r.attempt.response_body.as_str()).collect();
+    let truncated: Vec<bool> = sorted.iter().map(|r| r.attempt.response_truncated).collect();
+    let healthy: Vec<bool> = sorted.iter().map(|r| r.healthy).collect();
+    let statement = db
+        .prepare_cached(
+            "SELECT idx, wrote, circuit FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+        )
+        .await?;
+    let rows = db
+        .query(
+            &statement,
             &[
-                &claimed.id,
-                &claimed.token,
-                &status,
-                &retry_at,
-                &last_error,
-                &attempt_id,
-                &claimed.project_id,
-                &number,
-                &attempt.started_at,
-                &attempt.duration_ms,
-                &attempt.status_code,
-                &attempt.result,
-                &attempt.error_message,
-                &attempt.response_headers,
-                &attempt.response_body,
-                &attempt.response_truncated,
-                &claimed.endpoint_id,
-                &healthy,
-                &circuit.window_s,
-                &circuit.min_volume,
-                &circuit.ratio,
+                &deliveries, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations,
+                &codes, &results, &errors, &headers, &bodies, &truncated, &endpoints, &healthy,
+                &circuit.window_s, &circuit.min_volume, &circuit.ratio,
             ],
         )
         .await?;
-    Ok(Finalised { wrote: row.get::<_, i64>(0) == 1, circuit: row.get(1) })
+    let mut out = vec![Finalised { wrote: false, circuit: None }; requests.len()];
+    for row in rows {
+        let Some(at) = usize::try_from(row.get::<_, i32>(0)).ok().and_then(|i| i.checked_sub(1)).and_then(|i| order.get(i)) else { continue };
+        out[*at] = Finalised { wrote: row.get(1), circuit: row.get(2) };
+    }
+    Ok(out)
 }
 
 /// A Deferral, or a Claim given back at shutdown: back to PENDING, due at `at`, no Attempt

@@ -1,0 +1,144 @@
+//! `store::finalise_batch` against the real Postgres: in one batch, each Attempt is on
+//! record whatever its fence, only the Deliveries whose Claim held change, each outcome
+//! counts once in its endpoint's circuit (in order, so a batch can open one), and two
+//! batches over the same endpoints at once do not deadlock.
+
+use chrono::Utc;
+use railhook_testkit::relay::{Fixture, SubscriptionSpec};
+use railhook_testkit::{test_config, TestDb};
+use railhook_worker::store::{self, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
+use uuid::Uuid;
+
+const LIMITS: Limits = Limits { endpoint_concurrency: 1000, project_concurrency: 1000, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0 };
+
+fn record(code: i32) -> AttemptRecord {
+    AttemptRecord {
+        started_at: Utc::now(),
+        duration_ms: 3,
+        status_code: Some(code),
+        result: "http_response".into(),
+        error_message: None,
+        response_headers: serde_json::json!({"content-type": "text/plain"}),
+        response_body: format!("answer {code}"),
+        response_truncated: false,
+    }
+}
+
+async fn setup(endpoints: usize, events: usize) -> (TestDb, railhook_store::Pool, Vec<Claimed>) {
+    let db = TestDb::new().await;
+    let config = test_config(&db);
+    let client = db.client().await;
+    let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
+    let (fixture, _) = Fixture::create_with(&client, &urls, &SubscriptionSpec::default()).await;
+    let pool = railhook_store::build_pool(&config.database).unwrap();
+    let mut requests = Vec::new();
+    for _ in 0..events {
+        for d in fixture.ingest(&pool, "order.created").await {
+            let id: railhook_core::DeliveryId = d.parse().unwrap();
+            requests.push(ClaimRequest { delivery: id.0, token: Uuid::new_v4(), hint: None });
+        }
+    }
+    let pooled = pool.get().await.unwrap();
+    let claimed = store::claim_batch(&pooled, &requests, &LIMITS)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            ClaimResult::Claimed(c) => *c,
+            other => panic!("expected a claim, got {other:?}"),
+        })
+        .collect();
+    drop(pooled);
+    (db, pool, claimed)
+}
+
+#[tokio::test]
+async fn a_batch_writes_every_attempt_and_changes_only_the_deliveries_it_holds() {
+    let (db, pool, claimed) = setup(2, 2).await;
+    assert_eq!(claimed.len(), 4);
+    let client = db.client().await;
+    // The third Claim is lost before the finalise (as after a sweep and a new claim).
+    client.execute("UPDATE deliveries SET claim_token = gen_random_uuid() WHERE id = $1", &[&claimed[2].id]).await.unwrap();
+    let retry_at = Utc::now() + chrono::Duration::seconds(60);
+    let requests = vec![
+        FinaliseRequest::new(&claimed[0], Next::Success, None, record(200), true),
+        FinaliseRequest::new(&claimed[1], Next::RetryAt(retry_at), Some("HTTP 503".into()), record(503), false),
+        FinaliseRequest::new(&claimed[2], Next::Success, None, record(200), true),
+        FinaliseRequest::new(&claimed[3], Next::Failed, Some("HTTP 410".into()), record(410), true),
+    ];
+    let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
+    let out = store::finalise_batch(&pool.get().await.unwrap(), &requests, &circuit).await.unwrap();
+    let wrote: Vec<bool> = out.iter().map(|f| f.wrote).collect();
+    assert_eq!(wrote, vec![true, true, false, true], "answers in the order of the requests");
+
+    for (c, (status, attempts, code)) in claimed.iter().zip([("SUCCESS", 1, 200), ("PENDING", 1, 503), ("PROCESSING", 0, 200), ("FAILED", 1, 410)]) {
+        let row = client
+            .query_one("SELECT status::text, attempt_count, claim_token IS NULL, last_error FROM deliveries WHERE id = $1", &[&c.id])
+            .await
+            .unwrap();
+        assert_eq!((row.get::<_, String>(0).as_str(), row.get::<_, i32>(1)), (status, attempts), "delivery {}", c.id);
+        assert_eq!(row.get::<_, bool>(2), status != "PROCESSING", "the fenced-out row keeps the other Claim");
+        // Every Attempt is on record, the fenced-out one too, numbered from the claim.
+        let a = client.query_one("SELECT attempt_number, status_code, response_body FROM attempts WHERE delivery_id = $1", &[&c.id]).await.unwrap();
+        assert_eq!((a.get::<_, i32>(0), a.get::<_, Option<i32>>(1)), (1, Some(code)));
+        assert_eq!(a.get::<_, String>(2), format!("answer {code}"));
+    }
+    let next: Option<chrono::DateTime<Utc>> = client.query_one("SELECT next_retry_at FROM deliveries WHERE id = $1", &[&claimed[1].id]).await.unwrap().get(0);
+    assert_eq!(next.map(|t| t.timestamp_millis()), Some(retry_at.timestamp_millis()));
+    // Three outcomes counted (the fenced-out one is not), on the endpoints they belong to.
+    let counted: Vec<(Uuid, i32, i32)> = client
+        .query("SELECT endpoint_id, successes, failures FROM endpoint_circuits ORDER BY endpoint_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let expected = |e: Uuid| {
+        let mine = |i: usize| claimed[i].endpoint_id == e;
+        let s = [0, 3].iter().filter(|i| mine(**i)).count() as i32;
+        let f = [1].iter().filter(|i| mine(**i)).count() as i32;
+        (e, s, f)
+    };
+    assert_eq!(counted, counted.iter().map(|(e, _, _)| expected(*e)).collect::<Vec<_>>());
+    assert_eq!(counted.iter().map(|(_, s, f)| s + f).sum::<i32>(), 3);
+}
+
+#[tokio::test]
+async fn failures_in_one_batch_open_the_circuit_once() {
+    let (_db, pool, claimed) = setup(1, 4).await;
+    let circuit = Circuit { window_s: 60.0, min_volume: 3, ratio: 0.5 };
+    let at = Utc::now() + chrono::Duration::seconds(60);
+    let requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::RetryAt(at), Some("HTTP 500".into()), record(500), false)).collect();
+    let out = store::finalise_batch(&pool.get().await.unwrap(), &requests, &circuit).await.unwrap();
+    let changes: Vec<Option<String>> = out.iter().map(|f| f.circuit.clone()).collect();
+    // The third failure reaches the minimum volume and opens it; the fourth finds it open.
+    assert_eq!(changes, vec![None, None, Some("opened".to_string()), None]);
+    assert!(out.iter().all(|f| f.wrote));
+}
+
+#[tokio::test]
+async fn concurrent_batches_over_the_same_endpoints_finish() {
+    let (_db, pool, claimed) = setup(8, 16).await;
+    let circuit = Circuit { window_s: 60.0, min_volume: 1000, ratio: 0.5 };
+    // Two batches, each over every endpoint, in opposite orders: without the sort by
+    // endpoint they would lock the circuit rows in opposite orders.
+    let (a, b) = claimed.split_at(claimed.len() / 2);
+    let batch = |cs: &[Claimed], reverse: bool| {
+        let mut r: Vec<FinaliseRequest> = cs.iter().map(|c| FinaliseRequest::new(c, Next::Success, None, record(200), true)).collect();
+        if reverse {
+            r.reverse();
+        }
+        r
+    };
+    let (ra, rb) = (batch(a, false), batch(b, true));
+    let (ca, cb) = (pool.get().await.unwrap(), pool.get().await.unwrap());
+    let (x, y) = tokio::join!(store::finalise_batch(&ca, &ra, &circuit), store::finalise_batch(&cb, &rb, &circuit));
+    let (x, y) = (x.expect("batch a"), y.expect("batch b"));
+    assert!(x.iter().chain(y.iter()).all(|f| f.wrote));
+    drop((ca, cb));
+    let client = pool.get().await.unwrap();
+    let done: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'SUCCESS'", &[]).await.unwrap().get(0);
+    assert_eq!(done as usize, claimed.len());
+    let counted: i64 = client.query_one("SELECT sum(successes) FROM endpoint_circuits", &[]).await.unwrap().get(0);
+    assert_eq!(counted as usize, claimed.len());
+}
