@@ -30,6 +30,9 @@ struct Phase {
     latency: Percentiles,
     drained_in_s: f64,
     cpu: serde_json::Value,
+    /// The worker's counters over the phase: deferrals by reason, claims made again because
+    /// the Delivery was not visible yet, and the mean claim and finalise batch sizes.
+    worker: serde_json::Value,
 }
 
 impl Phase {
@@ -42,7 +45,7 @@ impl Phase {
             "offered_per_s": self.rate, "accepted": self.accepted, "refused": self.refused,
             "deliveries_per_s": self.achieved_per_s, "delivered": self.delivered,
             "latency_201_to_arrival": json(&self.latency), "drained_in_s": self.drained_in_s,
-            "sustained": self.sustained(), "cpu_cores": self.cpu,
+            "sustained": self.sustained(), "cpu_cores": self.cpu, "worker": self.worker,
         })
     }
 }
@@ -76,8 +79,8 @@ pub async fn e2e(args: &Args) -> anyhow::Result<(serde_json::Value, serde_json::
     loop {
         let p = phase(&mut stack, &rx, rate, args.step, None).await?;
         println!(
-            "e2e step: {:>6.0}/s offered, {:>6.0}/s accepted, {} of {} delivered, p50 {:.1} ms, p99 {:.1} ms{}",
-            p.rate, p.achieved_per_s, p.delivered, p.accepted, p.latency.p50, p.latency.p99,
+            "e2e step: {:>6.0}/s offered, {:>6.0}/s accepted, {} of {} delivered, p50 {:.1} ms, p99 {:.1} ms, worker {}{}",
+            p.rate, p.achieved_per_s, p.delivered, p.accepted, p.latency.p50, p.latency.p99, p.worker,
             if p.sustained() { "" } else { "  <- not sustained" }
         );
         let sustained = p.sustained();
@@ -114,6 +117,7 @@ pub async fn e2e(args: &Args) -> anyhow::Result<(serde_json::Value, serde_json::
         sustained_rate / direct_max
     );
     println!("CPU at half saturation (cores): {}", half.cpu);
+    println!("worker at half saturation: {}; at the light rate: {}", half.worker, light.worker);
     println!();
     println!("memory: peak RSS during e2e (MiB): api {:.1}, relay {:.1}, worker {:.1}; together {total_peak_mib:.1} (target < 256); after start-up {total_idle_mib:.1}",
         peak["api"] as f64 / 1024.0, peak["relay"] as f64 / 1024.0, peak["worker"] as f64 / 1024.0);
@@ -174,6 +178,7 @@ fn ms_between(from: Instant, to: Instant) -> f64 {
 async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, light: Option<&'static str>) -> anyhow::Result<Phase> {
     let plan = plan(stack, stack.api_addr, Some(rate), duration, light.unwrap_or("bench.e"));
     let cpu0 = cpu_snapshot(stack);
+    let counters0 = worker_counters(stack).await?;
     let wall = Instant::now();
     let sent: Vec<Sent> = load::run(&plan).await?;
     let load_end = Instant::now();
@@ -191,6 +196,7 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
     let drained_in_s = load_end.elapsed().as_secs_f64();
     let wall_s = wall.elapsed().as_secs_f64();
     let cpu = cpu_delta(stack, &cpu0, wall_s);
+    let worker = counters_delta(&counters0, &worker_counters(stack).await?);
     let ms: Vec<f64> = ids.iter().filter_map(|(id, done)| rx.arrived(id).map(|at| ms_between(*done, at))).collect();
     let delivered = ms.len();
     Ok(Phase {
@@ -202,6 +208,37 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
         latency: percentiles(ms),
         drained_in_s,
         cpu,
+        worker,
+    })
+}
+
+/// The worker's deferral, unseen-claim and batch-size counters from its /metrics.
+async fn worker_counters(stack: &Stack) -> anyhow::Result<HashMap<String, f64>> {
+    let text = crate::http::get_text(&format!("http://{}/metrics", stack.config.worker.ops_listen)).await?;
+    let wanted = ["railhook_worker_deferrals_total", "railhook_worker_claims_unseen_total", "railhook_worker_claim_batch_size_", "railhook_worker_finalise_batch_size_"];
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#') && wanted.iter().any(|w| l.starts_with(w)) && !l.contains("_bucket"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(k, v)| Some((k.to_string(), v.parse::<f64>().ok()?))))
+        .collect())
+}
+
+fn counters_delta(before: &HashMap<String, f64>, after: &HashMap<String, f64>) -> serde_json::Value {
+    let d = |k: &str| after.get(k).copied().unwrap_or(0.0) - before.get(k).copied().unwrap_or(0.0);
+    let mean = |name: &str| {
+        let n = d(&format!("{name}_count"));
+        if n > 0.0 { d(&format!("{name}_sum")) / n } else { 0.0 }
+    };
+    let deferrals: serde_json::Map<String, serde_json::Value> = after
+        .keys()
+        .filter_map(|k| k.strip_prefix("railhook_worker_deferrals_total{reason=\"").and_then(|r| r.strip_suffix("\"}")).map(|r| (r.to_string(), k)))
+        .map(|(r, k)| (r, serde_json::json!(d(k))))
+        .collect();
+    serde_json::json!({
+        "deferrals": deferrals,
+        "claims_unseen": d("railhook_worker_claims_unseen_total"),
+        "mean_claim_batch": (mean("railhook_worker_claim_batch_size") * 100.0).round() / 100.0,
+        "mean_finalise_batch": (mean("railhook_worker_finalise_batch_size") * 100.0).round() / 100.0,
     })
 }
 
