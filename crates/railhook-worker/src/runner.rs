@@ -55,6 +55,12 @@ pub struct Runner {
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
 /// about 4 s in all, far beyond the moment between a commit's WAL flush and its visibility.
 const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
+/// Waits before claiming again a Delivery deferred for its endpoint's or project's
+/// concurrency (deferred by 50-150 ms, migrations/0010): about a second in all, then the
+/// retry scheduler takes over. A slot frees as soon as an Attempt in flight finishes, so
+/// waiting here instead of a trip through the scheduler and the outbox is what keeps a short
+/// stall from costing a second or more.
+const BUSY_RETRY_MS: [u64; 4] = [150, 150, 300, 600];
 /// Claims that fail (Postgres unreachable) are made again this many times, 0.2 s to 5 s
 /// apart: about five minutes.
 const CLAIM_FAILURE_RETRIES: u32 = 64;
@@ -167,8 +173,9 @@ impl Runner {
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     pub async fn run(&self, delivery: Uuid, hint_token: Option<Uuid>, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, RunError> {
         let token = Uuid::new_v4();
-        let request = store::ClaimRequest { delivery, token, hint: hint_token };
+        let mut request = store::ClaimRequest { delivery, token, hint: hint_token };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
+        let mut busy_waits = BUSY_RETRY_MS.iter();
         let mut failures = 0u32;
         let claimed = loop {
             let wait = match self.claimer.call(request).await {
@@ -181,6 +188,16 @@ impl Runner {
                     }
                     None => break Ok(store::ClaimResult::Nothing),
                 },
+                // Deferred (untokened, due again within 150 ms) because the endpoint or the
+                // project is at its concurrency: claim again once it is due.
+                Ok(store::ClaimResult::Deferred(reason)) if matches!(reason.as_str(), "endpoint_concurrency" | "project_concurrency") => match busy_waits.next() {
+                    Some(ms) => {
+                        self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
+                        request.hint = None;
+                        Duration::from_millis(*ms)
+                    }
+                    None => break Ok(store::ClaimResult::Deferred(reason)),
+                },
                 // Postgres unreachable or restarting: claim again, backing off, for about
                 // five minutes; the permit held meanwhile is the backpressure on the consumer.
                 Err(e) if failures < CLAIM_FAILURE_RETRIES => {
@@ -191,7 +208,7 @@ impl Runner {
                 }
                 other => break other,
             };
-            // Both waits hold the hint's offset: a crash meanwhile redelivers the hint, and so
+            // Every wait holds the hint's offset: a crash meanwhile redelivers the hint, and so
             // does a shutdown (the offset stays uncommitted).
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
