@@ -7,8 +7,14 @@
 -- finalise did: the Attempt is inserted whatever happens to the fence (every Attempt is on
 -- record); the Delivery changes only while the Claim (p_tokens[i]) still holds it; and only
 -- then is the outcome recorded in the endpoint's circuit. The caller sorts the batch by
--- endpoint, so the circuit rows are locked in one order by every batch (no deadlock between
--- two workers' batches) and one endpoint's outcomes are counted in their order.
+-- endpoint, so finalise batches lock circuit rows in one order (no deadlock between two
+-- workers' finalises) and one endpoint's outcomes are counted in their order. (A claim batch
+-- that starts two half-open probes updates their circuit rows in its own order; a deadlock
+-- with a finalise is then possible, rare, and ended by Postgres after deadlock_timeout: the
+-- losing batch fails and its requests are made again one by one.)
+-- An Attempt whose Delivery is gone (deleted with its endpoint while the request was in
+-- flight) is not inserted: its row would have been deleted with the Delivery. The Attempt id
+-- comes from the caller, so a finalise made again after a lost reply inserts nothing twice.
 -- Returns one row per element: its 1-based index, whether the fence held, and the circuit's
 -- state change (railhook_circuit_record) or NULL.
 CREATE FUNCTION railhook_finalise_batch(
@@ -21,7 +27,13 @@ CREATE FUNCTION railhook_finalise_batch(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     fenced integer[];
+    n integer := coalesce(cardinality(p_deliveries), 0);
 BEGIN
+    IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
+       OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
+       OR n <> coalesce(cardinality(p_bodies), 0) THEN
+        RAISE EXCEPTION 'railhook_finalise_batch: arrays of different lengths (% deliveries)', n;
+    END IF;
     WITH input AS (
         SELECT * FROM unnest(p_deliveries, p_tokens, p_statuses, p_retry_at, p_last_errors)
             WITH ORDINALITY AS t(delivery, token, status, retry_at, last_error, n)
@@ -42,10 +54,14 @@ BEGIN
 
     INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
                           result, error_message, response_headers, response_body, response_truncated)
-    SELECT * FROM unnest(p_attempt_ids, p_projects, p_deliveries, p_numbers, p_started, p_durations, p_codes,
-                         p_results, p_errors, p_headers, p_bodies, p_truncated);
+    SELECT u.* FROM unnest(p_attempt_ids, p_projects, p_deliveries, p_numbers, p_started, p_durations, p_codes,
+                           p_results, p_errors, p_headers, p_bodies, p_truncated)
+        AS u(id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
+             result, error_message, response_headers, response_body, response_truncated)
+    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
+    ON CONFLICT (id) DO NOTHING;
 
-    FOR i IN 1 .. coalesce(cardinality(p_deliveries), 0) LOOP
+    FOR i IN 1 .. n LOOP
         idx := i;
         wrote := i = ANY (fenced);
         circuit := CASE WHEN wrote
@@ -58,8 +74,8 @@ $$;
 
 -- Concurrency deferrals wait 50-150 ms instead of 1 s. A claim over the endpoint's or the
 -- project's concurrency waits for a slot, which frees as soon as an Attempt in flight
--- finishes; the worker holding the hint claims it again after that wait (runner.rs,
--- BUSY_RETRY_MS), and only after about a second of trying leaves it to the retry scheduler.
+-- finishes. The worker holding the hint claims it again every 150 ms, up to six times
+-- (runner.rs, BUSY_RETRY_MS); the retry scheduler may take the due row first, which is as good.
 -- With 1 s, a stall of 50 ms at 200 events/s to one endpoint (concurrency 10) cost the
 -- deferred Deliveries 1.3 s or more each (docs/BENCHMARKS.md, e2e light rate). The rest of
 -- the function is 0009's, unchanged.

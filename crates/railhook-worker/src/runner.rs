@@ -50,17 +50,28 @@ pub struct Runner {
     pub metrics: WorkerMetrics,
     pub claimer: Claimer,
     pub finaliser: Finaliser,
+    /// Bounds the Attempts waiting to claim again after a concurrency deferral (each holds a
+    /// consumer permit and its partition's offset meanwhile): beyond it, a deferral goes to
+    /// the retry scheduler at once. See [`busy_slots`].
+    pub busy: Arc<tokio::sync::Semaphore>,
+}
+
+/// At most an eighth of `max_in_flight` waits for a slot, so a backlog behind one busy
+/// endpoint cannot take every consumer permit.
+pub fn busy_slots(max_in_flight: usize) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new((max_in_flight / 8).max(1)))
 }
 
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
 /// about 4 s in all, far beyond the moment between a commit's WAL flush and its visibility.
 const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
 /// Waits before claiming again a Delivery deferred for its endpoint's or project's
-/// concurrency (deferred by 50-150 ms, migrations/0010): about a second in all, then the
-/// retry scheduler takes over. A slot frees as soon as an Attempt in flight finishes, so
-/// waiting here instead of a trip through the scheduler and the outbox is what keeps a short
-/// stall from costing a second or more.
-const BUSY_RETRY_MS: [u64; 4] = [150, 150, 300, 600];
+/// concurrency (deferred by 50-150 ms, migrations/0010). A slot frees as soon as an Attempt
+/// in flight finishes, so claiming again here, instead of a trip through the scheduler and
+/// the outbox, is what keeps a short stall from costing a second. Each wait is at least the
+/// deferral, so the row is due again. The retry scheduler may take the due row first (its
+/// hint then claims it; this claim finds nothing), and does after the last wait.
+const BUSY_RETRY_MS: [u64; 6] = [150; 6];
 /// Claims that fail (Postgres unreachable) are made again this many times, 0.2 s to 5 s
 /// apart: about five minutes.
 const CLAIM_FAILURE_RETRIES: u32 = 64;
@@ -73,8 +84,10 @@ type Reply<A> = tokio::sync::oneshot::Sender<Result<A, RunError>>;
 /// Batches one kind of statement: one task takes the first waiting request and every other
 /// one already waiting (up to [`BATCH`]), runs them in one call of `run` (one round trip and
 /// one commit), and answers each. Nothing waits for a batch to fill: alone, a request goes
-/// at once; under load, the requests that queued while a batch ran form the next one. If the
-/// batch fails, each of its requests gets the error (their callers retry).
+/// at once; under load, the requests that queued while a batch ran form the next one. If
+/// Postgres refused the batch's statement (one request may be the cause: a foreign key, a
+/// deadlock), each request is made again alone, so one bad request fails only itself. Any
+/// other failure (no connection) goes to every request of the batch; their callers retry.
 pub struct Batcher<Q, A> {
     tx: tokio::sync::mpsc::Sender<(Q, Reply<A>)>,
     what: &'static str,
@@ -86,13 +99,13 @@ impl<Q, A> Clone for Batcher<Q, A> {
     }
 }
 
-impl<Q: Send + 'static, A: Send + 'static> Batcher<Q, A> {
+impl<Q: Clone + Send + Sync + 'static, A: Send + 'static> Batcher<Q, A> {
     /// Starts the batching task; it ends when every clone of the Batcher is dropped.
     /// `capacity` bounds the requests waiting (the consumer's `max_in_flight`). `run` answers
     /// a batch in the order of its requests.
     pub fn start<F, Fut>(what: &'static str, capacity: usize, run: F) -> Batcher<Q, A>
     where
-        F: Fn(Vec<Q>) -> Fut + Send + 'static,
+        F: Fn(Arc<[Q]>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<Vec<A>, RunError>> + Send,
     {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<(Q, Reply<A>)>(capacity.max(1));
@@ -100,10 +113,18 @@ impl<Q: Send + 'static, A: Send + 'static> Batcher<Q, A> {
             let mut batch = Vec::with_capacity(BATCH);
             while rx.recv_many(&mut batch, BATCH).await > 0 {
                 let (requests, replies): (Vec<Q>, Vec<Reply<A>>) = batch.drain(..).unzip();
-                match run(requests).await {
+                let requests: Arc<[Q]> = requests.into();
+                match run(requests.clone()).await {
                     Ok(answers) => {
                         for (reply, answer) in replies.into_iter().zip(answers) {
                             let _ = reply.send(Ok(answer));
+                        }
+                    }
+                    Err(e) if replies.len() > 1 && e.is_statement_error() => {
+                        tracing::warn!(error = %e, requests = replies.len(), what, "batch refused; making each request alone");
+                        for (request, reply) in requests.iter().zip(replies) {
+                            let alone = run(Arc::from([request.clone()])).await.and_then(|mut a| a.pop().ok_or_else(|| RunError::Batch("no answer".into())));
+                            let _ = reply.send(alone);
                         }
                     }
                     Err(e) => {
@@ -135,7 +156,7 @@ pub type Claimer = Batcher<store::ClaimRequest, store::ClaimResult>;
 pub type Finaliser = Batcher<store::FinaliseRequest, store::Finalised>;
 
 pub fn claimer(pool: railhook_store::Pool, limits: store::Limits, metrics: WorkerMetrics, capacity: usize) -> Claimer {
-    Batcher::start("claim", capacity, move |requests: Vec<store::ClaimRequest>| {
+    Batcher::start("claim", capacity, move |requests: Arc<[store::ClaimRequest]>| {
         let (pool, metrics) = (pool.clone(), metrics.clone());
         async move {
             metrics.claim_batch_size.observe(requests.len() as f64);
@@ -146,7 +167,7 @@ pub fn claimer(pool: railhook_store::Pool, limits: store::Limits, metrics: Worke
 }
 
 pub fn finaliser(pool: railhook_store::Pool, circuit: store::Circuit, metrics: WorkerMetrics, capacity: usize) -> Finaliser {
-    Batcher::start("finalise", capacity, move |requests: Vec<store::FinaliseRequest>| {
+    Batcher::start("finalise", capacity, move |requests: Arc<[store::FinaliseRequest]>| {
         let (pool, metrics) = (pool.clone(), metrics.clone());
         async move {
             metrics.finalise_batch_size.observe(requests.len() as f64);
@@ -176,6 +197,7 @@ impl Runner {
         let mut request = store::ClaimRequest { delivery, token, hint: hint_token };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut busy_waits = BUSY_RETRY_MS.iter();
+        let mut busy_slot: Option<tokio::sync::OwnedSemaphorePermit> = None;
         let mut failures = 0u32;
         let claimed = loop {
             let wait = match self.claimer.call(request).await {
@@ -189,15 +211,21 @@ impl Runner {
                     None => break Ok(store::ClaimResult::Nothing),
                 },
                 // Deferred (untokened, due again within 150 ms) because the endpoint or the
-                // project is at its concurrency: claim again once it is due.
-                Ok(store::ClaimResult::Deferred(reason)) if matches!(reason.as_str(), "endpoint_concurrency" | "project_concurrency") => match busy_waits.next() {
-                    Some(ms) => {
-                        self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
-                        request.hint = None;
-                        Duration::from_millis(*ms)
+                // project is at its concurrency: claim it again once it is due, if a busy
+                // slot is free (or already held).
+                Ok(store::ClaimResult::Deferred(reason)) if matches!(reason.as_str(), "endpoint_concurrency" | "project_concurrency") => {
+                    if busy_slot.is_none() {
+                        busy_slot = self.busy.clone().try_acquire_owned().ok();
                     }
-                    None => break Ok(store::ClaimResult::Deferred(reason)),
-                },
+                    match (busy_slot.is_some(), busy_waits.next()) {
+                        (true, Some(ms)) => {
+                            self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
+                            request.hint = None;
+                            Duration::from_millis(*ms)
+                        }
+                        _ => break Ok(store::ClaimResult::Deferred(reason)),
+                    }
+                }
                 // Postgres unreachable or restarting: claim again, backing off, for about
                 // five minutes; the permit held meanwhile is the backpressure on the consumer.
                 Err(e) if failures < CLAIM_FAILURE_RETRIES => {
@@ -215,6 +243,8 @@ impl Runner {
                 _ = hard_stop.cancelled() => return Ok(Ran::NothingClaimed),
             }
         };
+        // The busy slot is for waiting only, not for the Attempt.
+        let was_busy = busy_slot.take().is_some();
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
         claimed_tx();
@@ -222,7 +252,11 @@ impl Runner {
         let claimed = match claimed {
             store::ClaimResult::Claimed(c) => *c,
             store::ClaimResult::Nothing | store::ClaimResult::Missing => {
-                self.metrics.claims_lost.inc();
+                // After a concurrency deferral, nothing to claim means the retry scheduler
+                // took the row (its hint claims it): not a lost claim.
+                if !was_busy {
+                    self.metrics.claims_lost.inc();
+                }
                 return Ok(Ran::NothingClaimed);
             }
             store::ClaimResult::Deferred(reason) => {
@@ -371,4 +405,12 @@ pub enum RunError {
     /// The batch this claim or finalise was in failed (the message is the batch's error).
     #[error("batch: {0}")]
     Batch(String),
+}
+
+impl RunError {
+    /// Postgres answered with an error for the statement (constraint, deadlock, ...), as
+    /// opposed to a connection that failed.
+    pub fn is_statement_error(&self) -> bool {
+        matches!(self, RunError::Postgres(e) if e.as_db_error().is_some())
+    }
 }

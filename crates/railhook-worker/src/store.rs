@@ -210,6 +210,9 @@ pub struct FinaliseRequest {
     pub token: Uuid,
     pub project_id: Uuid,
     pub endpoint_id: Uuid,
+    /// The Attempt's id, fixed here so that a finalise made again (after a lost reply) does
+    /// not record the Attempt twice.
+    pub attempt_id: Uuid,
     /// The Attempt's number (the Delivery's `attempt_count` at the claim, plus one).
     pub number: i32,
     pub next: Next,
@@ -225,6 +228,7 @@ impl FinaliseRequest {
             token: claimed.token,
             project_id: claimed.project_id,
             endpoint_id: claimed.endpoint_id,
+            attempt_id: Uuid::now_v7(),
             number: claimed.attempt_count + 1,
             next,
             last_error,
@@ -249,7 +253,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
     let sorted: Vec<&FinaliseRequest> = order.iter().map(|&i| &requests[i]).collect();
     let col = |f: &dyn Fn(&FinaliseRequest) -> Uuid| sorted.iter().map(|r| f(r)).collect::<Vec<Uuid>>();
     let (deliveries, tokens, projects, endpoints) = (col(&|r| r.delivery), col(&|r| r.token), col(&|r| r.project_id), col(&|r| r.endpoint_id));
-    let attempt_ids: Vec<Uuid> = sorted.iter().map(|_| Uuid::now_v7()).collect();
+    let attempt_ids: Vec<Uuid> = sorted.iter().map(|r| r.attempt_id).collect();
     let statuses: Vec<&str> = sorted
         .iter()
         .map(|r| match r.next {

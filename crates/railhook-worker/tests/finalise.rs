@@ -142,3 +142,45 @@ async fn concurrent_batches_over_the_same_endpoints_finish() {
     let counted: i64 = client.query_one("SELECT sum(successes) FROM endpoint_circuits", &[]).await.unwrap().get(0);
     assert_eq!(counted as usize, claimed.len());
 }
+
+#[tokio::test]
+async fn an_attempt_whose_delivery_is_gone_fails_nothing_and_a_repeat_records_nothing_twice() {
+    let (db, pool, claimed) = setup(1, 3).await;
+    let client = db.client().await;
+    // Deleted while its request was in flight (as with its endpoint).
+    client.execute("DELETE FROM deliveries WHERE id = $1", &[&claimed[1].id]).await.unwrap();
+    let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
+    let requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::Success, None, record(200), true)).collect();
+    let conn = pool.get().await.unwrap();
+    let out = store::finalise_batch(&conn, &requests, &circuit).await.unwrap();
+    assert_eq!(out.iter().map(|f| f.wrote).collect::<Vec<_>>(), vec![true, false, true]);
+    // The same batch again (a reply lost after the commit): no second Attempt, no fence.
+    let again = store::finalise_batch(&conn, &requests, &circuit).await.unwrap();
+    assert!(again.iter().all(|f| !f.wrote));
+    let attempts: i64 = client.query_one("SELECT count(*) FROM attempts", &[]).await.unwrap().get(0);
+    assert_eq!(attempts, 2);
+}
+
+/// The worker's Finaliser: a batch that Postgres refuses because of one request (here an
+/// Attempt naming a project that does not exist) is made again request by request, so only
+/// that request fails.
+#[tokio::test]
+async fn a_refused_batch_is_made_again_one_by_one() {
+    let (db, pool, claimed) = setup(1, 3).await;
+    let metrics = railhook_worker::WorkerMetrics::new();
+    let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
+    let finaliser = railhook_worker::runner::finaliser(pool.clone(), circuit, metrics.clone(), 16);
+    let mut requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::Success, None, record(200), true)).collect();
+    requests[1].project_id = Uuid::new_v4();
+    // Sent together, so the three form one batch.
+    let (a, b, c) = tokio::join!(finaliser.call(requests[0].clone()), finaliser.call(requests[1].clone()), finaliser.call(requests[2].clone()));
+    assert!(a.expect("first").wrote);
+    assert!(b.is_err(), "the bad request fails: {b:?}");
+    assert!(c.expect("third").wrote);
+    assert_eq!(metrics.finalise_batch_size.get_sample_count(), 4, "one batch of three, then three alone");
+    assert_eq!(metrics.finalise_batch_size.get_sample_sum(), 6.0);
+    let client = db.client().await;
+    let statuses: Vec<String> = client.query("SELECT status::text FROM deliveries ORDER BY id", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(statuses.iter().filter(|s| *s == "SUCCESS").count(), 2);
+    assert_eq!(statuses.iter().filter(|s| *s == "PROCESSING").count(), 1, "the bad one is left for the sweep");
+}
