@@ -56,7 +56,7 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let w = &config.worker;
     let circuit = store::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
     let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), config.worker.max_in_flight);
-    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer, finaliser, busy: runner::busy_slots(config.worker.max_in_flight) });
+    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer, finaliser });
 
     let topic = config.deliveries_topic();
     loop {

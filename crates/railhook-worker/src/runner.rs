@@ -50,28 +50,11 @@ pub struct Runner {
     pub metrics: WorkerMetrics,
     pub claimer: Claimer,
     pub finaliser: Finaliser,
-    /// Bounds the Attempts waiting to claim again after a concurrency deferral (each holds a
-    /// consumer permit and its partition's offset meanwhile): beyond it, a deferral goes to
-    /// the retry scheduler at once. See [`busy_slots`].
-    pub busy: Arc<tokio::sync::Semaphore>,
-}
-
-/// At most an eighth of `max_in_flight` waits for a slot, so a backlog behind one busy
-/// endpoint cannot take every consumer permit.
-pub fn busy_slots(max_in_flight: usize) -> Arc<tokio::sync::Semaphore> {
-    Arc::new(tokio::sync::Semaphore::new((max_in_flight / 8).max(1)))
 }
 
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
 /// about 4 s in all, far beyond the moment between a commit's WAL flush and its visibility.
 const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
-/// Waits before claiming again a Delivery deferred for its endpoint's or project's
-/// concurrency (deferred by 50-150 ms, migrations/0010). A slot frees as soon as an Attempt
-/// in flight finishes, so claiming again here, instead of a trip through the scheduler and
-/// the outbox, is what keeps a short stall from costing a second. Each wait is at least the
-/// deferral, so the row is due again. The retry scheduler may take the due row first (its
-/// hint then claims it; this claim finds nothing), and does after the last wait.
-const BUSY_RETRY_MS: [u64; 6] = [150; 6];
 /// Claims that fail (Postgres unreachable) are made again this many times, 0.2 s to 5 s
 /// apart: about five minutes.
 const CLAIM_FAILURE_RETRIES: u32 = 64;
@@ -194,10 +177,8 @@ impl Runner {
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     pub async fn run(&self, delivery: Uuid, hint_token: Option<Uuid>, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, RunError> {
         let token = Uuid::new_v4();
-        let mut request = store::ClaimRequest { delivery, token, hint: hint_token };
+        let request = store::ClaimRequest { delivery, token, hint: hint_token };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
-        let mut busy_waits = BUSY_RETRY_MS.iter();
-        let mut busy_slot: Option<tokio::sync::OwnedSemaphorePermit> = None;
         let mut failures = 0u32;
         let claimed = loop {
             let wait = match self.claimer.call(request).await {
@@ -210,22 +191,6 @@ impl Runner {
                     }
                     None => break Ok(store::ClaimResult::Nothing),
                 },
-                // Deferred (untokened, due again within 150 ms) because the endpoint or the
-                // project is at its concurrency: claim it again once it is due, if a busy
-                // slot is free (or already held).
-                Ok(store::ClaimResult::Deferred(reason)) if matches!(reason.as_str(), "endpoint_concurrency" | "project_concurrency") => {
-                    if busy_slot.is_none() {
-                        busy_slot = self.busy.clone().try_acquire_owned().ok();
-                    }
-                    match (busy_slot.is_some(), busy_waits.next()) {
-                        (true, Some(ms)) => {
-                            self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
-                            request.hint = None;
-                            Duration::from_millis(*ms)
-                        }
-                        _ => break Ok(store::ClaimResult::Deferred(reason)),
-                    }
-                }
                 // Postgres unreachable or restarting: claim again, backing off, for about
                 // five minutes; the permit held meanwhile is the backpressure on the consumer.
                 Err(e) if failures < CLAIM_FAILURE_RETRIES => {
@@ -236,15 +201,13 @@ impl Runner {
                 }
                 other => break other,
             };
-            // Every wait holds the hint's offset: a crash meanwhile redelivers the hint, and so
+            // Both waits hold the hint's offset: a crash meanwhile redelivers the hint, and so
             // does a shutdown (the offset stays uncommitted).
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = hard_stop.cancelled() => return Ok(Ran::NothingClaimed),
             }
         };
-        // The busy slot is for waiting only, not for the Attempt.
-        let was_busy = busy_slot.take().is_some();
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
         claimed_tx();
@@ -252,11 +215,7 @@ impl Runner {
         let claimed = match claimed {
             store::ClaimResult::Claimed(c) => *c,
             store::ClaimResult::Nothing | store::ClaimResult::Missing => {
-                // After a concurrency deferral, nothing to claim means the retry scheduler
-                // took the row (its hint claims it): not a lost claim.
-                if !was_busy {
-                    self.metrics.claims_lost.inc();
-                }
+                self.metrics.claims_lost.inc();
                 return Ok(Ran::NothingClaimed);
             }
             store::ClaimResult::Deferred(reason) => {

@@ -533,35 +533,6 @@ async fn concurrency_limits_hold_across_two_workers_and_spend_no_attempt() {
     sys.stop().await;
 }
 
-/// A claim over the endpoint's concurrency waits for the slot in the worker (claimed again
-/// every 150 ms, up to six times) instead of going through the retry scheduler: with the scheduler a
-/// minute away, two Deliveries to an endpoint that takes one at a time both arrive within
-/// seconds, one at a time, and no Attempt is spent on the deferral.
-#[tokio::test]
-async fn a_claim_over_the_concurrency_waits_for_the_slot_not_the_scheduler() {
-    let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(200), 200)).await;
-    let sys = System::start(|c| {
-        c.worker.endpoint_concurrency = 1;
-        c.worker.scheduler_interval_ms = 60_000;
-    })
-    .await;
-    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/one")], &spec(&[60], 3, 10)).await;
-    let mut deliveries = Vec::new();
-    for _ in 0..2 {
-        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
-    }
-    for d in &deliveries {
-        sys.wait_status(d, "SUCCESS", Duration::from_secs(20)).await;
-    }
-    let deferred = sys.worker.metrics.deferrals.with_label_values(&["endpoint_concurrency"]).get();
-    assert!(deferred > 0, "one Delivery was deferred at least once");
-    assert_eq!(sys.worker.metrics.scheduled.get(), 0, "the scheduler announced nothing");
-    assert_eq!(receiver.concurrency("/one").1, 1, "one at a time");
-    assert_eq!(receiver.hits("/one").len(), 2);
-    assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 2, "Deferrals spent no Attempt");
-    sys.stop().await;
-}
-
 /// The endpoint's `rate_limit_per_second`: 8 Deliveries at 2 per second need 4 one-second
 /// windows, so the first and the last arrive more than 2 s apart.
 #[tokio::test]
