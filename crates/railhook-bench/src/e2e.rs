@@ -76,6 +76,7 @@ pub async fn e2e(args: &Args) -> anyhow::Result<(serde_json::Value, serde_json::
     phase(&mut stack, &rx, 200.0, Duration::from_secs(3), None).await?;
     let mut steps = Vec::new();
     let mut rate = args.start_rate;
+    let mut going_down = false;
     loop {
         let p = phase(&mut stack, &rx, rate, args.step, None).await?;
         println!(
@@ -85,6 +86,17 @@ pub async fn e2e(args: &Args) -> anyhow::Result<(serde_json::Value, serde_json::
         );
         let sustained = p.sustained();
         steps.push(p);
+        if !sustained && steps.len() == 1 {
+            // Not even the start rate (a slow or busy machine): step down until one holds.
+            going_down = true;
+        }
+        if going_down {
+            if sustained || rate <= 50.0 {
+                break;
+            }
+            rate = (rate * 0.8).round();
+            continue;
+        }
         if !sustained || rate >= args.max_rate {
             break;
         }

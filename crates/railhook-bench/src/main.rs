@@ -74,7 +74,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --rate, --rows: relay_latency's commit rate and relay_throughput's backlog");
                 println!("  --duration: relay_latency, ingest and the fixed-rate e2e runs (default 30)");
                 println!("  --connections: ingest's HTTP connections (default 32)");
-                println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each)");
+                println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
