@@ -172,6 +172,17 @@ impl Fixture {
 
     /// One Endpoint per URL, each subscribed to `**` per `spec`; returns the fixture and
     /// each Endpoint's signing secret.
+    /// A fresh database with `endpoints` Endpoints (at unreachable URLs) subscribed with the
+    /// default spec, and a pool on it: for tests of the worker's SQL that send nothing.
+    pub async fn in_fresh_db(endpoints: usize) -> (crate::TestDb, railhook_store::Pool, Fixture) {
+        let db = crate::TestDb::new().await;
+        let config = crate::test_config(&db);
+        let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
+        let (fixture, _) = Fixture::create_with(&db.client().await, &urls, &SubscriptionSpec::default()).await;
+        let pool = railhook_store::build_pool(&config.database).expect("pool");
+        (db, pool, fixture)
+    }
+
     pub async fn create_with(client: &Client, urls: &[String], spec: &SubscriptionSpec) -> (Fixture, Vec<String>) {
         use railhook_store::{endpoints as ep, subscriptions as subs, tenancy};
         let org = tenancy::create_organization(client, "relay-test").await.expect("org");

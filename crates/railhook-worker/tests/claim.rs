@@ -3,8 +3,8 @@
 //! batch is claimed once, hints must match, and concurrent batches of one endpoint never
 //! exceed its concurrency between them.
 
-use railhook_testkit::relay::{Fixture, SubscriptionSpec};
-use railhook_testkit::{test_config, TestDb};
+use railhook_testkit::relay::Fixture;
+use railhook_testkit::TestDb;
 use railhook_worker::store::{self, ClaimRequest, ClaimResult, Limits};
 use uuid::Uuid;
 
@@ -30,13 +30,7 @@ fn kinds(results: &[ClaimResult]) -> Vec<String> {
 }
 
 async fn setup(endpoints: usize) -> (TestDb, railhook_store::Pool, Fixture) {
-    let db = TestDb::new().await;
-    let config = test_config(&db);
-    let client = db.client().await;
-    let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
-    let (fixture, _) = Fixture::create_with(&client, &urls, &SubscriptionSpec::default()).await;
-    let pool = railhook_store::build_pool(&config.database).unwrap();
-    (db, pool, fixture)
+    Fixture::in_fresh_db(endpoints).await
 }
 
 #[tokio::test]

@@ -4,8 +4,8 @@
 //! batches over the same endpoints at once do not deadlock.
 
 use chrono::Utc;
-use railhook_testkit::relay::{Fixture, SubscriptionSpec};
-use railhook_testkit::{test_config, TestDb};
+use railhook_testkit::relay::Fixture;
+use railhook_testkit::TestDb;
 use railhook_worker::store::{self, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
 use uuid::Uuid;
 
@@ -25,12 +25,7 @@ fn record(code: i32) -> AttemptRecord {
 }
 
 async fn setup(endpoints: usize, events: usize) -> (TestDb, railhook_store::Pool, Vec<Claimed>) {
-    let db = TestDb::new().await;
-    let config = test_config(&db);
-    let client = db.client().await;
-    let urls: Vec<String> = (0..endpoints).map(|i| format!("http://127.0.0.1:9/{i}")).collect();
-    let (fixture, _) = Fixture::create_with(&client, &urls, &SubscriptionSpec::default()).await;
-    let pool = railhook_store::build_pool(&config.database).unwrap();
+    let (db, pool, fixture) = Fixture::in_fresh_db(endpoints).await;
     let mut requests = Vec::new();
     for _ in 0..events {
         for d in fixture.ingest(&pool, "order.created").await {
