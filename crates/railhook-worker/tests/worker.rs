@@ -373,9 +373,12 @@ async fn a_hint_that_overtakes_its_commit_is_claimed_once_the_commit_is_visible(
     .await;
     assert_eq!(receiver.hits("/late").len(), 1, "nothing sent for the uncommitted Delivery");
     writer.batch_execute("COMMIT").await.unwrap();
+    // Had the hint been dropped, nothing would announce the late Delivery for an hour (the
+    // stranded sweep): arriving within 30 s is the proof. (`claims_lost` is no proof either
+    // way: the relay may announce the first Delivery twice, and its second hint claims
+    // nothing.)
     sys.wait_status(&late_text, "SUCCESS", Duration::from_secs(30)).await;
     assert_eq!(receiver.hits("/late").len(), 2, "the first Delivery and the late one, once each");
-    assert_eq!(sys.worker.metrics.claims_lost.get(), 0, "no hint was dropped");
     sys.stop().await;
 }
 
