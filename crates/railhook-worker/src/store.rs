@@ -251,8 +251,10 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| (requests[i].endpoint_id, i));
     let sorted: Vec<&FinaliseRequest> = order.iter().map(|&i| &requests[i]).collect();
-    let col = |f: &dyn Fn(&FinaliseRequest) -> Uuid| sorted.iter().map(|r| f(r)).collect::<Vec<Uuid>>();
-    let (deliveries, tokens, projects, endpoints) = (col(&|r| r.delivery), col(&|r| r.token), col(&|r| r.project_id), col(&|r| r.endpoint_id));
+    let deliveries: Vec<Uuid> = sorted.iter().map(|r| r.delivery).collect();
+    let tokens: Vec<Uuid> = sorted.iter().map(|r| r.token).collect();
+    let projects: Vec<Uuid> = sorted.iter().map(|r| r.project_id).collect();
+    let endpoints: Vec<Uuid> = sorted.iter().map(|r| r.endpoint_id).collect();
     let attempt_ids: Vec<Uuid> = sorted.iter().map(|r| r.attempt_id).collect();
     let statuses: Vec<&str> = sorted
         .iter()
