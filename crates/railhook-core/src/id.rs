@@ -105,8 +105,83 @@ macro_rules! prefixed_id {
                 text.parse().map_err(serde::de::Error::custom)
             }
         }
+
+        sql_as_uuid!($name);
     };
 }
+
+/// Binds and reads a newtype over `Uuid` as the SQL `uuid` it is stored as, so statements
+/// take and return typed ids instead of bare `Uuid`s.
+macro_rules! sql_as_uuid {
+    ($name:ident) => {
+        impl postgres_types::ToSql for $name {
+            fn to_sql(
+                &self,
+                ty: &postgres_types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.0.to_sql(ty, out)
+            }
+            postgres_types::accepts!(UUID);
+            postgres_types::to_sql_checked!();
+        }
+
+        impl<'a> postgres_types::FromSql<'a> for $name {
+            fn from_sql(ty: &postgres_types::Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                Uuid::from_sql(ty, raw).map($name)
+            }
+            postgres_types::accepts!(UUID);
+        }
+    };
+}
+
+/// The fence of a Claim (DESIGN.md 2, 6.1): a random token written with the claim; every
+/// later write on the Delivery is conditional on it. The retry scheduler's token travels in
+/// the announcement so that only the hint it sent can claim the row. Shown as a plain UUID:
+/// it is never part of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimToken(pub Uuid);
+
+impl serde::Serialize for ClaimToken {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ClaimToken {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        text.parse().map(ClaimToken).map_err(serde::de::Error::custom)
+    }
+}
+
+impl FromStr for ClaimToken {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(ClaimToken)
+    }
+}
+
+impl ClaimToken {
+    /// A fresh random token (v4: nothing in it is guessable from another claim).
+    pub fn new() -> Self {
+        ClaimToken(Uuid::new_v4())
+    }
+}
+
+impl Default for ClaimToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+sql_as_uuid!(ClaimToken);
 
 prefixed_id!(/// An Organization: the top of tenancy.
     OrganizationId, "org");

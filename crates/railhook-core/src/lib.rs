@@ -11,10 +11,11 @@ pub mod status;
 
 pub use address::{classify, parse_endpoint_url, AllowList, AllowListError, DeniedReason, EndpointUrl, UrlError};
 pub use id::{
+    ClaimToken,
     ApiKeyId, AttemptId, DeliveryId, DestinationId, EndpointId, EventId, ForwardId, IdError,
     IncomingEventId, OrganizationId, ProjectId, SourceId, SubscriptionId,
 };
 pub use lsn::Lsn;
 pub use pattern::{candidate_patterns, EventType, EventTypePattern, PatternError};
 pub use signing::{sign, signature_header, verify, EndpointSecret, SecretError, VerifyError};
-pub use status::DeliveryStatus;
+pub use status::{AnnouncementReason, CircuitChange, DeferralReason, DeliveryStatus, UnknownWord};

@@ -54,3 +54,125 @@ impl FromStr for DeliveryStatus {
             .ok_or_else(|| UnknownStatus(s.to_string()))
     }
 }
+
+/// Declares a closed set of words stored or sent as text: each variant's SQL/wire spelling
+/// is written once, here, and parsing refuses anything else.
+macro_rules! text_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownWord;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(UnknownWord { kind: stringify!($name), word: other.to_string() }),
+                }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown {kind} '{word}'")]
+pub struct UnknownWord {
+    pub kind: &'static str,
+    pub word: String,
+}
+
+text_enum!(
+    /// Why an outbox row (an announcement) was written. Column `outbox.reason`, and the
+    /// `reason` of the Kafka message.
+    AnnouncementReason {
+        /// The ingest made the Delivery (or the ingress the Forward).
+        Created => "created",
+        /// The retry scheduler announces a due retry or Deferral, with its claim token.
+        Retry => "retry",
+        /// A sweep or the relay's slot recovery announces it again.
+        Reannounce => "reannounce",
+        /// A person asked for it again (Failed Messages, bulk retry).
+        ManualRetry => "manual_retry",
+        /// A Replay (the Time Machine) made it.
+        Replay => "replay",
+    }
+);
+
+text_enum!(
+    /// Why a claim was a Deferral: the Claim released before anything was sent, no Attempt
+    /// spent (DESIGN.md 2). Also the `reason` label of `railhook_worker_deferrals_total`.
+    DeferralReason {
+        CircuitOpen => "circuit_open",
+        CircuitHalfOpen => "circuit_half_open",
+        EndpointConcurrency => "endpoint_concurrency",
+        ProjectConcurrency => "project_concurrency",
+        EndpointRate => "endpoint_rate",
+        ProjectRate => "project_rate",
+        EndpointDisabled => "endpoint_disabled",
+        /// The ordering buffer: an earlier Delivery of the Endpoint is unresolved.
+        Ordering => "ordering",
+    }
+);
+
+text_enum!(
+    /// A change of an Endpoint's circuit breaker, as the finalise reports it.
+    CircuitChange {
+        Opened => "opened",
+        Closed => "closed",
+        Reopened => "reopened",
+    }
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_and_unknown_ones_are_refused() {
+        for r in AnnouncementReason::ALL {
+            assert_eq!(r.as_str().parse::<AnnouncementReason>().unwrap(), *r);
+            assert_eq!(serde_json::to_string(r).unwrap(), format!("\"{}\"", r.as_str()));
+        }
+        for r in DeferralReason::ALL {
+            assert_eq!(r.as_str().parse::<DeferralReason>().unwrap(), *r);
+        }
+        for c in CircuitChange::ALL {
+            assert_eq!(c.as_str().parse::<CircuitChange>().unwrap(), *c);
+        }
+        assert!("Created".parse::<AnnouncementReason>().is_err());
+        assert!("".parse::<DeferralReason>().is_err());
+        assert!(serde_json::from_str::<CircuitChange>("\"half\"").is_err());
+    }
+}

@@ -5,6 +5,8 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod error;
 pub mod events;
+pub mod lifecycle;
+pub mod locks;
 pub mod migrate;
 pub mod pool;
 pub mod server;

@@ -4,6 +4,10 @@
 //! A migration that was applied and then edited is refused: the fix is a new migration.
 //! Concurrent `migrate` runs serialise on an advisory lock, so parallel test binaries and
 //! rolling deploys are safe.
+//!
+//! Repeatable migrations (the Delivery lifecycle's rules, `lifecycle/rules.sql`) run after
+//! the versioned ones, each again whenever its checksum differs from the one recorded in
+//! `railhook_repeatables` (created by migration 0011): editing one is the way to change it.
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
@@ -12,8 +16,8 @@ use crate::StoreError;
 
 include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
-/// Advisory lock key held while migrating ("railhook" in ASCII, truncated).
-const MIGRATION_LOCK: i64 = 0x7261_696c_686f_6f6b;
+/// Advisory lock key held while migrating.
+const MIGRATION_LOCK: i64 = crate::locks::MIGRATE.key;
 
 #[derive(Debug, Clone)]
 pub struct Migration {
@@ -32,10 +36,14 @@ impl Migration {
 pub struct MigrationReport {
     pub applied: Vec<String>,
     pub already_applied: usize,
+    /// Repeatable migrations applied because they were new or their text changed.
+    pub repeatables_applied: Vec<String>,
 }
 
 pub struct Migrator {
     migrations: Vec<Migration>,
+    /// Applied after `migrations`, again whenever their text changes (`version` unused).
+    repeatables: Vec<Migration>,
 }
 
 impl Migrator {
@@ -49,12 +57,22 @@ impl Migrator {
                 sql: sql.to_string(),
             })
             .collect();
-        Migrator { migrations }
+        let repeatables = crate::lifecycle::REPEATABLES
+            .iter()
+            .map(|(name, sql)| Migration { version: 0, name: name.to_string(), sql: sql.to_string() })
+            .collect();
+        Migrator { migrations, repeatables }
     }
 
     /// A custom list (tests use it to simulate an edited file).
     pub fn new(migrations: Vec<Migration>) -> Migrator {
-        Migrator { migrations }
+        Migrator { migrations, repeatables: Vec::new() }
+    }
+
+    /// The same list with these repeatable migrations (tests use it to simulate an edit).
+    pub fn with_repeatables(mut self, repeatables: Vec<Migration>) -> Migrator {
+        self.repeatables = repeatables;
+        self
     }
 
     pub fn migrations(&self) -> &[Migration] {
@@ -64,7 +82,7 @@ impl Migrator {
     /// SHA-256 over all migrations, used to tell whether a template database is current.
     pub fn fingerprint(&self) -> String {
         let mut hasher = Sha256::new();
-        for m in &self.migrations {
+        for m in self.migrations.iter().chain(&self.repeatables) {
             hasher.update(m.name.as_bytes());
             hasher.update(m.sql.as_bytes());
         }
@@ -129,7 +147,38 @@ impl Migrator {
             tracing::info!(migration = %migration.name, "applied migration");
             report.applied.push(migration.name.clone());
         }
+        self.apply_repeatables(client, &mut report).await?;
         Ok(report)
+    }
+
+    /// Each repeatable whose checksum differs from the recorded one (or that was never
+    /// applied), in one transaction each.
+    async fn apply_repeatables(&self, client: &mut Client, report: &mut MigrationReport) -> Result<(), StoreError> {
+        if self.repeatables.is_empty() {
+            return Ok(());
+        }
+        for repeatable in &self.repeatables {
+            let checksum = repeatable.checksum();
+            let recorded: Option<String> = client
+                .query_opt("SELECT checksum FROM railhook_repeatables WHERE name = $1", &[&repeatable.name])
+                .await?
+                .map(|r| r.get(0));
+            if recorded.as_deref() == Some(checksum.as_str()) {
+                continue;
+            }
+            let tx = client.transaction().await?;
+            tx.batch_execute(&repeatable.sql).await?;
+            tx.execute(
+                "INSERT INTO railhook_repeatables (name, checksum) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
+                &[&repeatable.name, &checksum],
+            )
+            .await?;
+            tx.commit().await?;
+            tracing::info!(repeatable = %repeatable.name, "applied repeatable migration");
+            report.repeatables_applied.push(repeatable.name.clone());
+        }
+        Ok(())
     }
 }
 

@@ -99,3 +99,42 @@ async fn server_is_configured_for_logical_replication() {
     assert!(facts.max_replication_slots >= 16, "parallel tests need slots: {}", facts.max_replication_slots);
     assert!(facts.max_slot_wal_keep_size_mb > 0, "max_slot_wal_keep_size must be bounded");
 }
+
+#[tokio::test]
+async fn a_repeatable_migration_is_applied_again_only_when_its_text_changes() {
+    let db = TestDb::new().await;
+    let mut client = db.client().await;
+    let repeatable = |body: &str| Migration {
+        version: 0,
+        name: "test_rule".into(),
+        sql: format!("CREATE OR REPLACE FUNCTION rh_test_rule() RETURNS text LANGUAGE sql AS $$ SELECT '{body}' $$;"),
+    };
+    let migrator = |body: &str| Migrator::new(Migrator::embedded().migrations().to_vec()).with_repeatables(vec![repeatable(body)]);
+
+    let first = migrator("one").run(&mut client).await.unwrap();
+    assert_eq!(first.repeatables_applied, vec!["test_rule".to_string()]);
+    assert_eq!(rule(&client).await, "one");
+    let same = migrator("one").run(&mut client).await.unwrap();
+    assert!(same.repeatables_applied.is_empty(), "unchanged text is not applied again");
+    let edited = migrator("two").run(&mut client).await.unwrap();
+    assert_eq!(edited.repeatables_applied, vec!["test_rule".to_string()]);
+    assert_eq!(rule(&client).await, "two", "the edited rule is in force");
+    let recorded: String = client.query_one("SELECT checksum FROM railhook_repeatables WHERE name = 'test_rule'", &[]).await.unwrap().get(0);
+    assert_eq!(recorded, repeatable("two").checksum());
+}
+
+#[tokio::test]
+async fn the_lifecycle_rules_are_applied_and_recorded() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let (name, sql) = railhook_store::lifecycle::REPEATABLES[0];
+    let recorded: String = client.query_one("SELECT checksum FROM railhook_repeatables WHERE name = $1", &[&name]).await.unwrap().get(0);
+    assert_eq!(recorded, Migration { version: 0, name: name.into(), sql: sql.into() }.checksum());
+    // rules.sql is what the claim runs: its disabled-endpoint rule is in the function body.
+    let body: String = client.query_one("SELECT prosrc FROM pg_proc WHERE proname = 'railhook_claim_batch'", &[]).await.unwrap().get(0);
+    assert!(body.contains("endpoint_disabled"));
+}
+
+async fn rule(client: &tokio_postgres::Client) -> String {
+    client.query_one("SELECT rh_test_rule()", &[]).await.unwrap().get(0)
+}

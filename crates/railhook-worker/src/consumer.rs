@@ -57,8 +57,8 @@ impl OffsetTracker {
 /// A parsed announcement (the relay's value, version 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hint {
-    pub delivery: uuid::Uuid,
-    pub claim_token: Option<uuid::Uuid>,
+    pub delivery: railhook_core::DeliveryId,
+    pub claim_token: Option<railhook_core::ClaimToken>,
 }
 
 /// Parses a message value; `None` for anything that is not a v1 Delivery announcement.
@@ -72,7 +72,7 @@ pub fn parse_hint(payload: &[u8]) -> Option<Hint> {
         None | Some(serde_json::Value::Null) => None,
         Some(t) => Some(t.as_str()?.parse().ok()?),
     };
-    Some(Hint { delivery: delivery.0, claim_token })
+    Some(Hint { delivery, claim_token })
 }
 
 #[cfg(test)]
@@ -99,9 +99,9 @@ mod tests {
     #[test]
     fn parses_announcements_and_refuses_anything_else() {
         let d = railhook_core::DeliveryId::new();
-        let token = uuid::Uuid::new_v4();
+        let token = railhook_core::ClaimToken::new();
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "retry", "claim_token": token.to_string()});
-        assert_eq!(parse_hint(v.to_string().as_bytes()), Some(Hint { delivery: d.0, claim_token: Some(token) }));
+        assert_eq!(parse_hint(v.to_string().as_bytes()), Some(Hint { delivery: d, claim_token: Some(token) }));
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "created"});
         assert_eq!(parse_hint(v.to_string().as_bytes()).unwrap().claim_token, None);
         for bad in [&b"not json"[..], br#"{"v":2,"delivery_id":"x"}"#, br#"{"v":1,"forward_id":"fwd_x"}"#, br#"{"v":1,"delivery_id":"ep_0000"}"#, br#"{"v":1}"#, b"\xff\xfe"] {

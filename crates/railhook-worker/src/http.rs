@@ -35,11 +35,13 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use railhook_core::address::{parse_endpoint_url, system_resolver, AllowList, AllowListError, DeniedReason, Resolver};
+use railhook_core::address::{parse_endpoint_url, system_resolver, AllowList, DeniedReason, Resolver};
 use railhook_core::signing::{signature_header, EndpointSecret};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
 use tokio::time::Instant;
+
+use crate::error::WorkerError;
 
 /// `User-Agent` of every outgoing request.
 pub const USER_AGENT: &str = concat!("Railhook/", env!("CARGO_PKG_VERSION"));
@@ -261,13 +263,6 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(RETRY_AFTER_CEILING))
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum SenderError {
-    #[error(transparent)]
-    AllowList(#[from] AllowListError),
-    #[error("could not build the HTTP client: {0}")]
-    Client(#[from] reqwest::Error),
-}
 
 /// The worker's HTTP client: pooled connections, no redirects, verified TLS (rustls, webpki
 /// roots), no proxies, and the SSRF guard. Cheap to clone; make one per process.
@@ -286,13 +281,13 @@ impl fmt::Debug for Sender {
 impl Sender {
     /// A Sender that may reach public addresses and those `allow` permits, resolving names
     /// with the system resolver.
-    pub fn new(allow: AllowList) -> Result<Sender, SenderError> {
+    pub fn new(allow: AllowList) -> Result<Sender, WorkerError> {
         Sender::with_resolver(allow, system_resolver())
     }
 
     /// As [`Sender::new`], with names resolved by `resolve` (tests give fixed DNS answers
     /// this way). Its answers go through the same guard and pinning as the system's.
-    pub fn with_resolver(allow: AllowList, resolve: Resolver) -> Result<Sender, SenderError> {
+    pub fn with_resolver(allow: AllowList, resolve: Resolver) -> Result<Sender, WorkerError> {
         let allow = Arc::new(allow);
         let client = reqwest::Client::builder()
             .user_agent(USER_AGENT)
@@ -304,13 +299,14 @@ impl Sender {
             .dns_resolver(Arc::new(GuardedResolver { allow: allow.clone(), resolve }))
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true)
-            .build()?;
+            .build()
+            .map_err(|e| WorkerError::misconfigured("could not build the HTTP client", e))?;
         Ok(Sender { client, allow })
     }
 
     /// A Sender with the operator's `network.allow_cidrs`.
-    pub fn from_config(network: &railhook_config::NetworkConfig) -> Result<Sender, SenderError> {
-        Sender::new(AllowList::parse(&network.allow_cidrs)?)
+    pub fn from_config(network: &railhook_config::NetworkConfig) -> Result<Sender, WorkerError> {
+        Sender::new(AllowList::parse(&network.allow_cidrs).map_err(|e| WorkerError::misconfigured("network.allow_cidrs", e))?)
     }
 
     pub fn allow_list(&self) -> &AllowList {

@@ -4,12 +4,14 @@
 //!
 //! Modules: [`consumer`] (offsets, hints), [`runner`] (the Attempt Runner and its
 //! invariants), [`http`] (the request, SSRF guard, classification, signing headers),
-//! [`ladder`] (waits, jitter, caps), [`store`] (every statement), [`metrics`].
+//! [`ladder`] (waits, jitter, caps), [`error`] (the one error type), [`metrics`]. Every
+//! statement on `deliveries` is `railhook_store::lifecycle`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use railhook_config::Config;
+use railhook_store::lifecycle;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::Message;
 use tokio::sync::Semaphore;
@@ -17,26 +19,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub mod consumer;
+pub mod error;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
 pub mod runner;
-pub mod store;
 
+pub use error::{ErrorKind, WorkerError};
 pub use metrics::WorkerMetrics;
 use runner::Runner;
-
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    #[error("worker cannot start: {0}")]
-    Misconfigured(String),
-    #[error("store: {0}")]
-    Store(#[from] railhook_store::StoreError),
-    #[error("Kafka: {0}")]
-    Kafka(#[from] railhook_kafka::KafkaError),
-    #[error("Kafka consumer: {0}")]
-    Consumer(#[from] rdkafka::error::KafkaError),
-}
 
 /// Scheduler batch bounds: per statement, per endpoint, per project.
 pub const SCHEDULE_BATCH: i64 = 500;
@@ -48,16 +39,12 @@ pub const SWEEP_BATCH: i64 = 1_000;
 /// Runs the consumer, the retry scheduler and the sweeps until `shutdown`, then drains: it
 /// stops consuming, lets Attempts in flight finish for `worker.shutdown_grace_ms`, releases
 /// the Claims of those that did not, and commits offsets.
+///
+/// Shutdown order: the consumer stops first (no new hints), then its Attempts drain, then
+/// the scheduler and sweeps stop (they own no in-flight work), then the Batchers end with
+/// the last Runner handle.
 pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
-    let pool = railhook_store::build_pool(&config.database)?;
-    let allow = railhook_core::address::AllowList::parse(&config.network.allow_cidrs).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
-    let sender = http::Sender::new(allow).map_err(|e| WorkerError::Misconfigured(e.to_string()))?;
-    let claimer = runner::claimer(pool.clone(), store::Limits::from_config(&config.worker), metrics.clone(), config.worker.max_in_flight);
-    let w = &config.worker;
-    let circuit = store::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
-    let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), config.worker.max_in_flight);
-    let runner = Arc::new(Runner { config: config.clone(), pool: pool.clone(), sender, metrics: metrics.clone(), claimer, finaliser });
-
+    let runner = Arc::new(runner_for(&config, &metrics)?);
     let topic = config.deliveries_topic();
     loop {
         match railhook_kafka::ensure_topics(&config.kafka, &[topic.clone(), config.forwards_topic()]).await {
@@ -74,15 +61,25 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
 
     let background = shutdown.child_token();
     let mut jobs = JoinSet::new();
-    jobs.spawn(scheduler_loop(pool.clone(), config.clone(), metrics.clone(), background.clone()));
-    jobs.spawn(sweep_loop(pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     let result = consume(&config, &topic, runner, shutdown.clone()).await;
     background.cancel();
     while jobs.join_next().await.is_some() {}
     result
 }
 
-async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, WorkerError> {
+    let w = &config.worker;
+    let pool = railhook_store::build_pool(&config.database).map_err(|e| WorkerError::misconfigured("database", e))?;
+    let sender = http::Sender::from_config(&config.network)?;
+    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight);
+    let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
+    let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), w.max_in_flight);
+    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser })
+}
+
+fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
     let consumer: StreamConsumer = railhook_kafka::client_config(&config.kafka)
         .set("group.id", &config.worker.group_id)
         .set("enable.auto.commit", "true")
@@ -90,38 +87,52 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
         .set("auto.offset.reset", "earliest")
         // Find a topic created moments ago without waiting for the 5-minute refresh.
         .set("topic.metadata.refresh.interval.ms", "10000")
-        .create()?;
-    consumer.subscribe(&[topic])?;
-    tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
+        .create()
+        .map_err(|e| WorkerError::misconfigured("cannot create the Kafka consumer", e))?;
+    consumer.subscribe(&[topic]).map_err(|e| WorkerError::misconfigured(format!("cannot subscribe to {topic}"), e))?;
+    Ok(consumer)
+}
 
+/// The consumer's offsets: each message's offset is stored once its claim step finished,
+/// over a contiguous prefix per partition (`consumer::OffsetTracker`).
+struct Offsets<'a> {
+    consumer: &'a StreamConsumer,
+    topic: &'a str,
+    tracker: consumer::OffsetTracker,
+}
+
+impl Offsets<'_> {
+    fn done(&mut self, partition: i32, offset: i64) {
+        let Some(next) = self.tracker.done(partition, offset) else { return };
+        // `rd_kafka_offsets_store` stores the offset as given: the next one to read.
+        // (`Consumer::store_offset` wraps the legacy `rd_kafka_offset_store`, which stores
+        // offset + 1; passing it the next offset skipped one message after a rebalance.)
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        let stored = tpl
+            .add_partition_offset(self.topic, partition, rdkafka::Offset::Offset(next))
+            .and_then(|()| self.consumer.store_offsets(&tpl));
+        if let Err(e) = stored {
+            tracing::debug!(error = %e, partition, "cannot store offset (partition revoked?)");
+        }
+    }
+}
+
+async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    let consumer = subscribe(config, topic)?;
+    tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
     let max = config.worker.max_in_flight;
     let permits = Arc::new(Semaphore::new(max));
     // At most one "claim step done" per running task is ever undrained (the loop drains these
     // before it starts another task), so `max` slots suffice and `try_send` cannot fail.
     let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<(i32, i64)>(max);
-    let mut tracker = consumer::OffsetTracker::default();
+    let mut offsets = Offsets { consumer: &consumer, topic, tracker: consumer::OffsetTracker::default() };
     let hard_stop = CancellationToken::new();
     let mut tasks: JoinSet<()> = JoinSet::new();
-    let store = |tracker_next: Option<i64>, partition: i32, consumer: &StreamConsumer| {
-        if let Some(next) = tracker_next {
-            // `rd_kafka_offsets_store` stores the offset as given: the next one to read.
-            // (`Consumer::store_offset` wraps the legacy `rd_kafka_offset_store`, which stores
-            // offset + 1; passing it the next offset skipped one message after a rebalance.)
-            let mut tpl = rdkafka::TopicPartitionList::new();
-            let stored = tpl
-                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(next))
-                .and_then(|()| consumer.store_offsets(&tpl));
-            if let Err(e) = stored {
-                tracing::debug!(error = %e, partition, "cannot store offset (partition revoked?)");
-            }
-        }
-    };
-
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
+            Some((partition, offset)) = done_rx.recv() => offsets.done(partition, offset),
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             message = consumer.recv(), if permits.available_permits() > 0 => {
                 let message = match message {
@@ -134,52 +145,22 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
                 let (partition, offset) = (message.partition(), message.offset());
                 let hint = consumer::parse_hint(message.payload().unwrap_or_default());
                 drop(message);
-                tracker.started(partition, offset);
+                offsets.tracker.started(partition, offset);
                 let Some(hint) = hint else {
                     runner.metrics.bad_messages.inc();
-                    store(tracker.done(partition, offset), partition, &consumer);
+                    offsets.done(partition, offset);
                     continue;
                 };
                 let permit = permits.clone().try_acquire_owned().expect("a permit is available: checked above, one acquirer");
-                let (runner, done_tx, hard_stop) = (runner.clone(), done_tx.clone(), hard_stop.clone());
-                tasks.spawn(async move {
-                    let _permit = permit;
-                    runner.metrics.in_flight.inc();
-                    let notify = move || {
-                        let _ = done_tx.try_send((partition, offset));
-                    };
-                    match runner.run(hint.delivery, hint.claim_token, notify, hard_stop).await {
-                        Ok(ran) => tracing::debug!(delivery = %railhook_core::DeliveryId(hint.delivery), ?ran, "announcement handled"),
-                        // The hint is dropped; the Delivery stays as it was and the sweeps
-                        // find it (PROCESSING after 5 min, PENDING after an hour).
-                        Err(e) => tracing::warn!(error = %e, delivery = %railhook_core::DeliveryId(hint.delivery), "announcement failed"),
-                    }
-                    runner.metrics.in_flight.dec();
-                });
+                let done_tx = done_tx.clone();
+                let notify = move || {
+                    let _ = done_tx.try_send((partition, offset));
+                };
+                tasks.spawn(attempt_task(runner.clone(), hint, notify, permit, hard_stop.clone()));
             }
         }
     }
-
-    // Drain: no more messages; Attempts in flight get the grace period, then are cut short
-    // (their Claims released, no Attempt spent).
-    tracing::info!(in_flight = tasks.len(), "worker stopping: draining Attempts in flight");
-    let grace = tokio::time::sleep(Duration::from_millis(config.worker.shutdown_grace_ms));
-    tokio::pin!(grace);
-    let mut cut = false;
-    while !tasks.is_empty() {
-        tokio::select! {
-            Some((partition, offset)) = done_rx.recv() => store(tracker.done(partition, offset), partition, &consumer),
-            _ = tasks.join_next() => {}
-            _ = &mut grace, if !cut => {
-                tracing::warn!(in_flight = tasks.len(), "shutdown grace over: releasing the Claims of Attempts still running");
-                hard_stop.cancel();
-                cut = true;
-            }
-        }
-    }
-    while let Ok((partition, offset)) = done_rx.try_recv() {
-        store(tracker.done(partition, offset), partition, &consumer);
-    }
+    drain(config, &mut tasks, &mut done_rx, &mut offsets, &hard_stop).await;
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
         tracing::warn!(error = %e, "final offset commit failed");
     }
@@ -189,14 +170,51 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
     Ok(())
 }
 
+/// One hint's task: its claim and Attempt, under a permit of `worker.max_in_flight`.
+async fn attempt_task(runner: Arc<Runner>, hint: consumer::Hint, notify: impl FnOnce(), _permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
+    runner.metrics.in_flight.inc();
+    let delivery = hint.delivery;
+    match runner.run(hint, notify, hard_stop).await {
+        Ok(ran) => tracing::debug!(%delivery, ?ran, "announcement handled"),
+        // The hint is dropped; the Delivery stays as it was and the sweeps find it
+        // (PROCESSING after 5 min, PENDING after an hour).
+        Err(e) => tracing::warn!(error = %error::chain(&e), %delivery, "announcement failed"),
+    }
+    runner.metrics.in_flight.dec();
+}
+
+/// No more messages; Attempts in flight get the grace period, then are cut short (their
+/// Claims released, no Attempt spent).
+async fn drain(config: &Config, tasks: &mut JoinSet<()>, done_rx: &mut tokio::sync::mpsc::Receiver<(i32, i64)>, offsets: &mut Offsets<'_>, hard_stop: &CancellationToken) {
+    tracing::info!(in_flight = tasks.len(), "worker stopping: draining Attempts in flight");
+    let grace = tokio::time::sleep(Duration::from_millis(config.worker.shutdown_grace_ms));
+    tokio::pin!(grace);
+    let mut cut = false;
+    while !tasks.is_empty() {
+        tokio::select! {
+            Some((partition, offset)) = done_rx.recv() => offsets.done(partition, offset),
+            _ = tasks.join_next() => {}
+            _ = &mut grace, if !cut => {
+                tracing::warn!(in_flight = tasks.len(), "shutdown grace over: releasing the Claims of Attempts still running");
+                hard_stop.cancel();
+                cut = true;
+            }
+        }
+    }
+    while let Ok((partition, offset)) = done_rx.try_recv() {
+        offsets.done(partition, offset);
+    }
+}
+
 /// Claims due retries every `worker.scheduler_interval_ms` (at once again while batches come
 /// back full) and announces them through the outbox.
 async fn scheduler_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) {
     let every = Duration::from_millis(config.worker.scheduler_interval_ms);
+    let reannounce_after_s = config.worker.retry_reannounce_after_seconds as f64;
     loop {
         let mut full = false;
         match pool.get().await {
-            Ok(client) => match store::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT, config.worker.retry_reannounce_after_seconds as f64).await {
+            Ok(client) => match lifecycle::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT, reannounce_after_s).await {
                 Ok(n) => {
                     metrics.scheduled.inc_by(n as u64);
                     full = n as i64 == SCHEDULE_BATCH;
@@ -220,40 +238,25 @@ async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: Wo
     let w = &config.worker;
     // A quarter of the shortest sweep threshold, between 250 ms and 30 s.
     let every = Duration::from_millis((w.processing_timeout_seconds.min(w.stranded_after_seconds) * 1000 / 4).clamp(250, 30_000));
+    let limits = lifecycle::SweepLimits {
+        processing_timeout_s: w.processing_timeout_seconds as f64,
+        stranded_s: w.stranded_after_seconds as f64,
+        outgoing_max_age_s: w.outgoing_max_age_seconds as f64,
+        incoming_max_age_s: w.incoming_max_age_seconds as f64,
+        batch: SWEEP_BATCH,
+    };
     loop {
         match pool.get().await {
             Ok(mut client) => {
-                let limits = store::SweepLimits {
-                    processing_timeout_s: w.processing_timeout_seconds as f64,
-                    stranded_s: w.stranded_after_seconds as f64,
-                    outgoing_max_age_s: w.outgoing_max_age_seconds as f64,
-                    incoming_max_age_s: w.incoming_max_age_seconds as f64,
-                    batch: SWEEP_BATCH,
-                };
-                match store::sweep(&mut client, &limits).await {
-                    Ok(Some(s)) => {
-                        metrics.swept.with_label_values(&["processing_timeout"]).inc_by(s.stuck);
-                        metrics.swept.with_label_values(&["stranded"]).inc_by(s.stranded);
-                        metrics.swept.with_label_values(&["hard_cap"]).inc_by(s.capped);
-                        metrics.swept.with_label_values(&["hard_cap_incoming"]).inc_by(s.capped_forwards);
-                        if s.stuck + s.stranded + s.capped + s.capped_forwards > 0 {
-                            tracing::info!(stuck = s.stuck, stranded = s.stranded, capped = s.capped, capped_forwards = s.capped_forwards, "sweeps moved Deliveries and Forwards");
-                        }
-                    }
+                match lifecycle::sweep(&mut client, &limits).await {
+                    Ok(Some(s)) => record_sweep(&metrics, &s),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(error = %e, "sweep failed"),
                 }
-                match client
-                    .query_one(
-                        "SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)))::float8, 0)
-                         FROM deliveries WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now())",
-                        &[],
-                    )
-                    .await
-                {
-                    Ok(row) => {
-                        metrics.queue_depth.set(row.get(0));
-                        metrics.oldest_pending_age.set(row.get(1));
+                match lifecycle::queue_gauges(&**client).await {
+                    Ok(g) => {
+                        metrics.queue_depth.set(g.due);
+                        metrics.oldest_pending_age.set(g.oldest_due_age_s);
                     }
                     Err(e) => tracing::debug!(error = %e, "queue gauges"),
                 }
@@ -264,5 +267,15 @@ async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: Wo
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
+    }
+}
+
+fn record_sweep(metrics: &WorkerMetrics, s: &lifecycle::Swept) {
+    metrics.swept.with_label_values(&["processing_timeout"]).inc_by(s.stuck);
+    metrics.swept.with_label_values(&["stranded"]).inc_by(s.stranded);
+    metrics.swept.with_label_values(&["hard_cap"]).inc_by(s.capped);
+    metrics.swept.with_label_values(&["hard_cap_incoming"]).inc_by(s.capped_forwards);
+    if s.stuck + s.stranded + s.capped + s.capped_forwards > 0 {
+        tracing::info!(stuck = s.stuck, stranded = s.stranded, capped = s.capped, capped_forwards = s.capped_forwards, "sweeps moved Deliveries and Forwards");
     }
 }

@@ -5,7 +5,8 @@
 
 use railhook_testkit::relay::Fixture;
 use railhook_testkit::TestDb;
-use railhook_worker::store::{self, ClaimRequest, ClaimResult, Limits};
+use railhook_core::{ClaimToken, DeliveryId};
+use railhook_store::lifecycle::{self as store, ClaimRequest, ClaimResult, Limits};
 use uuid::Uuid;
 
 fn limits(endpoint: i32, project: i32) -> Limits {
@@ -14,7 +15,7 @@ fn limits(endpoint: i32, project: i32) -> Limits {
 
 fn first(delivery: &str) -> ClaimRequest {
     let id: railhook_core::DeliveryId = delivery.parse().unwrap();
-    ClaimRequest { delivery: id.0, token: Uuid::new_v4(), hint: None }
+    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None }
 }
 
 fn kinds(results: &[ClaimResult]) -> Vec<String> {
@@ -24,7 +25,7 @@ fn kinds(results: &[ClaimResult]) -> Vec<String> {
             ClaimResult::Claimed(_) => "claimed".to_string(),
             ClaimResult::Nothing => "none".to_string(),
             ClaimResult::Missing => "missing".to_string(),
-            ClaimResult::Deferred(reason) => reason.clone(),
+            ClaimResult::Deferred(reason) => reason.to_string(),
         })
         .collect()
 }
@@ -53,7 +54,7 @@ async fn a_batch_counts_its_own_claims_against_the_limits() {
     for r in &results {
         if let ClaimResult::Claimed(c) = r {
             *per_endpoint.entry(c.endpoint_id).or_insert(0) += 1;
-            assert_eq!(c.project_id, fixture.project.0);
+            assert_eq!(c.project_id, fixture.project);
             assert!(c.payload.contains("\"n\""), "the claim returns what the Attempt needs: {}", c.payload);
         }
     }
@@ -78,13 +79,13 @@ async fn a_delivery_twice_in_a_batch_is_claimed_once_and_hints_must_match() {
     let a = first(&d);
     let b = first(&d);
     // A hint carrying a token the row does not have claims nothing.
-    let wrong_hint = ClaimRequest { hint: Some(Uuid::new_v4()), ..first(&other) };
+    let wrong_hint = ClaimRequest { hint: Some(ClaimToken::new()), ..first(&other) };
     let results = store::claim_batch(&client, &[a, b, wrong_hint], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["claimed", "none", "none"]);
     let ClaimResult::Claimed(c) = &results[0] else { unreachable!() };
     assert_eq!(c.token, a.token, "the claim holds the first request's token");
     let token: Uuid = client.query_one("SELECT claim_token FROM deliveries WHERE id = $1", &[&a.delivery]).await.unwrap().get(0);
-    assert_eq!(token, a.token);
+    assert_eq!(token, a.token.0);
     assert!(store::claim_batch(&client, &[], &limits(0, 0)).await.unwrap().is_empty());
 }
 
@@ -130,8 +131,8 @@ async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
     let late = Uuid::new_v4();
     let done_id: railhook_core::DeliveryId = done.parse().unwrap();
     railhook_testkit::relay::insert_delivery_copy(&writer, late, done_id.0).await;
-    let late_request = ClaimRequest { delivery: late, token: Uuid::new_v4(), hint: None };
-    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: Uuid::new_v4(), token: Uuid::new_v4(), hint: None }], &limits(0, 0)).await.unwrap();
+    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None };
+    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None }], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["missing", "none", "missing"]);
     writer.batch_execute("COMMIT").await.unwrap();
     let results = store::claim_batch(&client, &[late_request], &limits(0, 0)).await.unwrap();

@@ -6,7 +6,8 @@
 use chrono::Utc;
 use railhook_testkit::relay::Fixture;
 use railhook_testkit::TestDb;
-use railhook_worker::store::{self, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
+use railhook_core::{ClaimToken, ProjectId};
+use railhook_store::lifecycle::{self as store, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
 use uuid::Uuid;
 
 const LIMITS: Limits = Limits { endpoint_concurrency: 1000, project_concurrency: 1000, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0 };
@@ -30,7 +31,7 @@ async fn setup(endpoints: usize, events: usize) -> (TestDb, railhook_store::Pool
     for _ in 0..events {
         for d in fixture.ingest(&pool, "order.created").await {
             let id: railhook_core::DeliveryId = d.parse().unwrap();
-            requests.push(ClaimRequest { delivery: id.0, token: Uuid::new_v4(), hint: None });
+            requests.push(ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None });
         }
     }
     let pooled = pool.get().await.unwrap();
@@ -89,7 +90,7 @@ async fn a_batch_writes_every_attempt_and_changes_only_the_deliveries_it_holds()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
     let expected = |e: Uuid| {
-        let mine = |i: usize| claimed[i].endpoint_id == e;
+        let mine = |i: usize| claimed[i].endpoint_id.0 == e;
         let s = [0, 3].iter().filter(|i| mine(**i)).count() as i32;
         let f = [1].iter().filter(|i| mine(**i)).count() as i32;
         (e, s, f)
@@ -105,7 +106,7 @@ async fn failures_in_one_batch_open_the_circuit_once() {
     let at = Utc::now() + chrono::Duration::seconds(60);
     let requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::RetryAt(at), Some("HTTP 500".into()), record(500), false)).collect();
     let out = store::finalise_batch(&pool.get().await.unwrap(), &requests, &circuit).await.unwrap();
-    let changes: Vec<Option<String>> = out.iter().map(|f| f.circuit.clone()).collect();
+    let changes: Vec<Option<String>> = out.iter().map(|f| f.circuit.map(|c| c.to_string())).collect();
     // The third failure reaches the minimum volume and opens it; the fourth finds it open.
     assert_eq!(changes, vec![None, None, Some("opened".to_string()), None]);
     assert!(out.iter().all(|f| f.wrote));
@@ -166,7 +167,7 @@ async fn a_refused_batch_is_made_again_one_by_one() {
     let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
     let finaliser = railhook_worker::runner::finaliser(pool.clone(), circuit, metrics.clone(), 16);
     let mut requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::Success, None, record(200), true)).collect();
-    requests[1].project_id = Uuid::new_v4();
+    requests[1].project_id = ProjectId(Uuid::new_v4());
     // Sent together, so the three form one batch.
     let (a, b, c) = tokio::join!(finaliser.call(requests[0].clone()), finaliser.call(requests[1].clone()), finaliser.call(requests[2].clone()));
     assert!(a.expect("first").wrote);

@@ -169,6 +169,12 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
 }
 
 /// The API, the relay and the worker in one process, with one /metrics (the API's).
+///
+/// Supervised: the first component to stop, for any reason, cancels the others. A stop that
+/// nobody asked for (no SIGTERM/SIGINT: a fatal error, or a component that returned on its
+/// own) makes the process exit non-zero after the others drained, so that a process manager
+/// restarts the whole; a process that kept serving without its worker would accept Events
+/// and deliver none.
 pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let metrics = Metrics::new();
     let relay_metrics = relay_metrics(&metrics)?;
@@ -180,16 +186,38 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
-    let api = tokio::spawn(railhook_api::run(state, listener, shutdown.clone()));
-    let worker = tokio::spawn(railhook_worker::run(config.clone(), worker_metrics, shutdown.clone()));
-    let relay = railhook_relay::run(config, relay_metrics, shutdown.clone()).await;
-    // A component that stopped on its own (a fatal error) takes the process down with it.
-    shutdown.cancel();
-    let worker = worker.await?;
-    api.await??;
-    relay?;
-    worker?;
-    Ok(ExitCode::SUCCESS)
+    let mut components: tokio::task::JoinSet<(&'static str, anyhow::Result<()>)> = tokio::task::JoinSet::new();
+    let token = shutdown.clone();
+    components.spawn(async move { ("api", railhook_api::run(state, listener, token).await.map_err(anyhow::Error::from)) });
+    let (c, token) = (config.clone(), shutdown.clone());
+    components.spawn(async move { ("worker", railhook_worker::run(c, worker_metrics, token).await.map_err(anyhow::Error::from)) });
+    let token = shutdown.clone();
+    components.spawn(async move { ("relay", railhook_relay::run(config, relay_metrics, token).await.map_err(anyhow::Error::from)) });
+
+    let mut failure: Option<anyhow::Error> = None;
+    while let Some(joined) = components.join_next().await {
+        let asked = shutdown.is_cancelled();
+        let (name, result) = match joined {
+            Ok(stopped) => stopped,
+            Err(e) => ("a component", Err(anyhow::Error::from(e).context("panicked"))),
+        };
+        match result {
+            Err(e) => {
+                tracing::error!(component = name, error = %format!("{e:#}"), "component failed; stopping the others");
+                failure.get_or_insert(e.context(format!("{name} failed")));
+            }
+            Ok(()) if !asked => {
+                tracing::error!(component = name, "component stopped on its own; stopping the others");
+                failure.get_or_insert(anyhow::anyhow!("{name} stopped on its own"));
+            }
+            Ok(()) => {}
+        }
+        shutdown.cancel();
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(ExitCode::SUCCESS),
+    }
 }
 
 pub async fn slot_status(config: &Config, json: bool, max_inactive: u64) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,166 @@
+//! The claim (DESIGN.md 6.1) with its admission: `railhook_claim_batch` in `rules.sql`
+//! decides, for many Deliveries in one statement and one commit, each claim, Deferral or
+//! nothing, under the projects' and endpoints' advisory locks
+//! (`crate::locks::PROJECT_CLAIM_SEED`, `ENDPOINT_CLAIM_SEED`).
+
+use chrono::{DateTime, Utc};
+use railhook_core::{ClaimToken, DeferralReason, DeliveryId, EndpointId, EventId, ProjectId};
+
+use super::Prepared;
+
+/// Everything one Attempt needs, returned by the claim itself (one round trip).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub id: DeliveryId,
+    pub project_id: ProjectId,
+    pub event_id: EventId,
+    pub endpoint_id: EndpointId,
+    pub token: ClaimToken,
+    /// Attempts made before this one.
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub retry_delays: Vec<i32>,
+    pub timeout_seconds: i32,
+    pub sequence_number: Option<i64>,
+    pub ladder_started_at: DateTime<Utc>,
+    pub event_type: String,
+    pub event_created_at: DateTime<Utc>,
+    pub payload: String,
+    pub url: String,
+    pub enabled: bool,
+    pub headers: serde_json::Value,
+    /// Current secret first, then unexpired rotated ones.
+    pub secrets: Vec<String>,
+}
+
+/// The Attempt's details, read once the claim succeeded (by id and the new token).
+const CLAIMED_SQL: &str = "
+SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_attempts, c.retry_delays,
+       c.timeout_seconds, c.sequence_number, c.ladder_started_at,
+       e.event_type, e.created_at, e.payload::text, ep.url, ep.enabled, ep.headers,
+       ARRAY(SELECT s.secret FROM endpoint_secrets s
+             WHERE s.endpoint_id = c.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
+             ORDER BY s.expires_at IS NULL DESC, s.created_at DESC),
+       c.claim_token
+FROM unnest($1::uuid[], $2::uuid[]) AS want (id, token)
+JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
+JOIN events e ON e.id = c.event_id
+JOIN endpoints ep ON ep.id = c.endpoint_id";
+
+/// Limits the claim enforces (see `railhook_claim_batch` in `rules.sql`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub endpoint_concurrency: i32,
+    pub project_concurrency: i32,
+    pub project_rate: i32,
+    pub circuit_cooldown_s: f64,
+    pub probe_timeout_s: f64,
+}
+
+impl Limits {
+    pub fn from_config(w: &railhook_config::WorkerConfig) -> Limits {
+        Limits {
+            endpoint_concurrency: w.endpoint_concurrency,
+            project_concurrency: w.project_concurrency,
+            project_rate: w.project_rate_limit_per_second,
+            circuit_cooldown_s: w.circuit_cooldown_seconds as f64,
+            probe_timeout_s: w.processing_timeout_seconds as f64,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum ClaimResult {
+    Claimed(Box<Claimed>),
+    /// The hint claims nothing: done, not due, or owned by another token (duplicate windows
+    /// 4 and 5).
+    Nothing,
+    /// No such Delivery in the claim's snapshot. A hint's Delivery was committed with its
+    /// outbox row, so it exists; Postgres flushes (and the walsender may decode and send) a
+    /// commit before the committing backend's transaction is visible to other snapshots, so
+    /// a fast hint can overtake its own commit. Claimed again shortly (`runner::Runner::run`).
+    Missing,
+    /// A Deferral: the Delivery stays PENDING, due again later, no Attempt spent.
+    Deferred(DeferralReason),
+}
+
+/// One claim to make: the Delivery, the token this Attempt will hold, and the hint's token
+/// (the scheduler's on the retry path, `None` for first announcements, which claim only
+/// untokened rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRequest {
+    pub delivery: DeliveryId,
+    pub token: ClaimToken,
+    pub hint: Option<ClaimToken>,
+}
+
+/// 6.1 with the admission checks, for many Deliveries at once: `railhook_claim_batch`
+/// (`rules.sql`) takes the projects' and endpoints' advisory locks once for the batch,
+/// checks each Delivery's circuit, concurrency and rates in order, and claims it (`WHERE
+/// status = 'PENDING' AND due AND claim_token IS NOT DISTINCT FROM hint`), defers it, or
+/// finds nothing. The rows the claims won are read by a second statement sent in the same
+/// round trip (pipelined: it runs after the first one committed). Results are in the order
+/// of `requests`.
+pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits: &Limits) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8)").await?;
+    let read = db.prepare_cached(CLAIMED_SQL).await?;
+    let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
+    let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
+    let hints: Vec<Option<ClaimToken>> = requests.iter().map(|r| r.hint).collect();
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+        [&deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s];
+    let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
+    // Both sent before either answer arrives (tokio-postgres pipelines queries polled
+    // together, in the order polled); each is its own implicit transaction, so the read
+    // runs after the claim committed.
+    let (outcomes, rows) = tokio::join!(db.query(&claim, &claim_params), db.query(&read, &read_params));
+    let (outcomes, rows) = (outcomes?, rows?);
+    let mut claimed: std::collections::HashMap<ClaimToken, Claimed> = rows.iter().map(|r| (r.get::<_, ClaimToken>(17), claimed_row(r))).collect();
+    let mut results: Vec<ClaimResult> = vec![ClaimResult::Nothing; requests.len()];
+    for row in outcomes {
+        let (idx, outcome): (i32, String) = (row.get(0), row.get(1));
+        let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
+        results[i] = match outcome.as_str() {
+            "none" => ClaimResult::Nothing,
+            "missing" => ClaimResult::Missing,
+            // Claimed and read back; a row gone between the two statements (swept) claims
+            // nothing.
+            "claimed" => claimed.remove(&requests[i].token).map_or(ClaimResult::Nothing, |c| ClaimResult::Claimed(Box::new(c))),
+            other => match other.parse::<DeferralReason>() {
+                Ok(reason) => ClaimResult::Deferred(reason),
+                Err(e) => {
+                    // rules.sql and DeferralReason disagree: a bug, not a Deferral to count.
+                    tracing::error!(error = %e, "claim: unknown outcome; the Delivery stays as it is");
+                    ClaimResult::Nothing
+                }
+            },
+        };
+    }
+    Ok(results)
+}
+
+fn claimed_row(r: &tokio_postgres::Row) -> Claimed {
+    Claimed {
+        id: r.get(0),
+        project_id: r.get(1),
+        event_id: r.get(2),
+        endpoint_id: r.get(3),
+        token: r.get(17),
+        attempt_count: r.get(4),
+        max_attempts: r.get(5),
+        retry_delays: r.get(6),
+        timeout_seconds: r.get(7),
+        sequence_number: r.get(8),
+        ladder_started_at: r.get(9),
+        event_type: r.get(10),
+        event_created_at: r.get(11),
+        payload: r.get(12),
+        url: r.get(13),
+        enabled: r.get(14),
+        headers: r.get(15),
+        secrets: r.get(16),
+    }
+}

@@ -1,0 +1,53 @@
+//! The Delivery lifecycle: every write to `deliveries` after the ingest, in one module, and
+//! the rules of claim and finalise in one editable file (`rules.sql`).
+//!
+//! The worker and the relay call these functions; neither holds SQL for this table. Statuses
+//! are `railhook_core::DeliveryStatus`, Deferral reasons `DeferralReason`, circuit changes
+//! `CircuitChange`, announcement reasons `AnnouncementReason`: each is mapped to its SQL
+//! spelling once, in `railhook-core::status`.
+//!
+//! # Transitions
+//!
+//! | from | to | who | where |
+//! | --- | --- | --- | --- |
+//! | (none) | PENDING | the ingest: the Event, its Deliveries and their announcements in one statement | `events::INGEST_SQL` (kept there: `scripts/bench` runs that very statement under pgbench) |
+//! | PENDING | PROCESSING | the worker's claim, under the scheduler's token on the retry path | [`claim::claim_batch`] (`railhook_claim_batch`) |
+//! | PENDING | PENDING, due later | a Deferral: circuit, concurrency, rate, disabled endpoint; no Attempt spent | [`claim::claim_batch`] |
+//! | PROCESSING | SUCCESS / FAILED / PENDING (successor) | the finalise, only while the Claim holds | [`finalise::finalise_batch`] (`railhook_finalise_batch`) |
+//! | PROCESSING | PENDING | a Claim given back unsent (shutdown) | [`finalise::release`] |
+//! | PENDING (due) | PENDING, tokened and announced | the retry scheduler | [`schedule::schedule_due`] |
+//! | PROCESSING (stuck) | PENDING, announced | the sweep, after `worker.processing_timeout_seconds` | [`schedule::sweep`] |
+//! | PENDING (stranded) | PENDING, announced | the sweep, after `worker.stranded_after_seconds` | [`schedule::sweep`] |
+//! | PENDING (past the hard cap) | FAILED | the sweep | [`schedule::sweep`] |
+//! | PENDING (unclaimed) | PENDING, announced | the relay, after it created a slot | [`schedule::reannounce_pending`] |
+//! | FAILED | PENDING, announced | a person: manual and bulk retry | [`manual::retry`], [`manual::retry_many`] |
+//!
+//! SUCCESS is final. Every write on a claimed row is conditional on its `claim_token` (the
+//! fence); every write on an unclaimed row is conditional on the state it read.
+//!
+//! # Rules
+//!
+//! `rules.sql` holds the plpgsql of the claim's admission (circuit, concurrency, rates,
+//! disabled endpoint, Deferral lengths), the batch finalise and the circuit breaker, as
+//! `CREATE OR REPLACE` statements. It is a repeatable migration: `railhook migrate` (and every
+//! component at start) applies it again whenever its checksum differs from the one recorded
+//! in `railhook_repeatables`, after the versioned migrations, under the migration lock. A rule
+//! change is the diff of that one file.
+
+pub mod claim;
+pub mod finalise;
+pub mod manual;
+pub mod schedule;
+
+pub use claim::{claim_batch, ClaimRequest, ClaimResult, Claimed, Limits};
+pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
+pub use schedule::{queue_gauges, reannounce_pending, schedule_due, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
+
+/// The repeatable SQL of the lifecycle's rules: (name, text). Applied by the migrator.
+pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql"))];
+
+/// A pooled connection (or a transaction on one) with its statement cache: the per-Attempt
+/// statements (claim, finalise, release) are prepared once per connection, so each costs one
+/// round trip instead of a parse and an execute.
+pub trait Prepared: deadpool_postgres::GenericClient + Sync {}
+impl<C: deadpool_postgres::GenericClient + Sync> Prepared for C {}

@@ -1,0 +1,318 @@
+-- The rules of the Delivery lifecycle: the claim's admission, the batch finalise and the
+-- circuit breaker. A repeatable migration: applied again by `railhook migrate` whenever this
+-- file's checksum changes (railhook_repeatables), after the versioned migrations and under
+-- the migration lock, in one transaction. Edit the rules here; the Rust side that calls them
+-- is crates/railhook-store/src/lifecycle/ (claim.rs, finalise.rs). Keep every signature: a
+-- changed one needs a DROP FUNCTION first, and workers of the previous build still call the
+-- old one until they restart.
+
+-- ---------------------------------------------------------------------------------------
+-- Claim (DESIGN.md 6.1) with admission, for a batch.
+--
+-- Locks: every project lock of the batch in key order, then every endpoint lock in key
+-- order (seeds 7061 and 6570: railhook_store::locks), so two batches cannot deadlock. A
+-- row is claimed (or deferred) only if, after the locks, it is still PENDING, due, and
+-- carries the hint's token. Each claim is decided as a claim on its own would be, in the
+-- order given, so a later claim of the batch sees the earlier ones (counts, rate windows,
+-- the half-open probe).
+--
+-- Admission, in this order; the first that applies is the Deferral's reason, and the
+-- Delivery stays PENDING, due again at the time given, with no Attempt spent:
+--   endpoint_disabled     the endpoint is disabled              60 s
+--   circuit_open          open and cooling down                 until the cool-down ends
+--   circuit_half_open     a probe is in flight                  1 s
+--   endpoint_concurrency  PROCESSING >= p_endpoint_concurrency  1 s
+--   project_concurrency   PROCESSING >= p_project_concurrency   1 s
+--   endpoint_rate         the endpoint's one-second window used the next window
+--   project_rate          the project's one-second window used  the next window
+-- Limits of 0 or less mean unlimited.
+--
+-- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
+-- is not visible yet: see below), or the Deferral's reason.
+CREATE OR REPLACE FUNCTION railhook_claim_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
+    p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
+    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision
+) RETURNS TABLE (idx integer, outcome text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    k bigint;
+    i integer;
+    d record;
+    c_state text;
+    c_opened timestamptz;
+    c_probe timestamptz;
+    ep_rate integer;
+    ep_enabled boolean;
+    n integer;
+    defer_until timestamptz;
+    reason text;
+BEGIN
+    IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
+       OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
+        RAISE EXCEPTION 'railhook_claim_batch: % deliveries, % tokens, % hints',
+            cardinality(p_deliveries), cardinality(p_tokens), cardinality(p_hints);
+    END IF;
+    IF coalesce(cardinality(p_deliveries), 0) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The locks, in the one total order: projects by key, then endpoints by key.
+    FOR k IN
+        SELECT DISTINCT hashtextextended(dl.project_id::text, 7061) AS key
+        FROM deliveries dl WHERE dl.id = ANY (p_deliveries) AND dl.status = 'PENDING'
+        ORDER BY key
+    LOOP
+        PERFORM pg_advisory_xact_lock(k);
+    END LOOP;
+    FOR k IN
+        SELECT DISTINCT hashtextextended(dl.endpoint_id::text, 6570) AS key
+        FROM deliveries dl WHERE dl.id = ANY (p_deliveries) AND dl.status = 'PENDING'
+        ORDER BY key
+    LOOP
+        PERFORM pg_advisory_xact_lock(k);
+    END LOOP;
+
+    FOR i IN 1 .. cardinality(p_deliveries) LOOP
+        reason := NULL;
+        defer_until := NULL;
+        ep_rate := NULL;
+        ep_enabled := NULL;
+        -- A fresh snapshot (VOLATILE, READ COMMITTED): sees every claim committed before the
+        -- locks were granted and the earlier claims of this batch.
+        SELECT dl.id, dl.project_id, dl.endpoint_id INTO d FROM deliveries dl
+        WHERE dl.id = p_deliveries[i] AND dl.status = 'PENDING'
+          AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+          AND dl.claim_token IS NOT DISTINCT FROM p_hints[i];
+        IF NOT FOUND THEN
+            -- 'missing': no such row in this snapshot. A hint comes from an outbox row
+            -- committed with its Delivery, so the row exists; it is not visible yet when the
+            -- commit record was flushed (and decoded, and announced) before the committing
+            -- backend left the proc array. The worker claims it again shortly. 'none' only
+            -- for a row seen and not claimable: this statement has a newer snapshot than the
+            -- one above, in which the row may just have become visible, and claimable.
+            idx := i;
+            outcome := CASE WHEN EXISTS (
+                SELECT 1 FROM deliveries dl WHERE dl.id = p_deliveries[i]
+                  AND NOT (dl.status = 'PENDING'
+                           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i]))
+              THEN 'none' ELSE 'missing' END;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        -- Taken above unless the row became PENDING after that (a release in between):
+        -- then here, after the others. Re-acquiring a held lock is a no-op.
+        PERFORM pg_advisory_xact_lock(hashtextextended(d.project_id::text, 7061));
+        PERFORM pg_advisory_xact_lock(hashtextextended(d.endpoint_id::text, 6570));
+
+        -- A disabled endpoint: wait a minute, no Attempt spent (checked first: nothing else
+        -- about a disabled endpoint matters).
+        SELECT ep.enabled, ep.rate_limit_per_second INTO ep_enabled, ep_rate FROM endpoints ep WHERE ep.id = d.endpoint_id;
+        IF ep_enabled IS DISTINCT FROM true THEN
+            reason := 'endpoint_disabled';
+            defer_until := now() + interval '60 seconds';
+        END IF;
+
+        -- The circuit.
+        c_state := NULL;
+        SELECT state, opened_at, probe_at INTO c_state, c_opened, c_probe FROM endpoint_circuits WHERE endpoint_id = d.endpoint_id;
+        IF reason IS NOT NULL THEN
+            NULL;
+        ELSIF c_state = 'open' THEN
+            IF now() < c_opened + make_interval(secs => p_circuit_cooldown_s) THEN
+                reason := 'circuit_open';
+                defer_until := c_opened + make_interval(secs => p_circuit_cooldown_s);
+            END IF;
+        ELSIF c_state = 'half_open' AND c_probe > now() - make_interval(secs => p_probe_timeout_s) THEN
+            reason := 'circuit_half_open';
+            defer_until := now() + interval '1 second';
+        END IF;
+
+        -- Concurrency.
+        IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
+            SELECT count(*) INTO n FROM deliveries WHERE endpoint_id = d.endpoint_id AND status = 'PROCESSING';
+            IF n >= p_endpoint_concurrency THEN
+                reason := 'endpoint_concurrency';
+                defer_until := now() + interval '1 second';
+            END IF;
+        END IF;
+        IF reason IS NULL AND p_project_concurrency > 0 THEN
+            SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING';
+            IF n >= p_project_concurrency THEN
+                reason := 'project_concurrency';
+                defer_until := now() + interval '1 second';
+            END IF;
+        END IF;
+
+        -- Rates: fixed one-second windows.
+        IF reason IS NULL THEN
+            IF ep_rate IS NOT NULL AND ep_rate > 0 THEN
+                SELECT used INTO n FROM claim_rates WHERE kind = 'endpoint' AND id = d.endpoint_id AND window_start = date_trunc('second', now());
+                IF coalesce(n, 0) >= ep_rate THEN
+                    reason := 'endpoint_rate';
+                    defer_until := date_trunc('second', now()) + interval '1 second';
+                END IF;
+            END IF;
+        END IF;
+        IF reason IS NULL AND p_project_rate > 0 THEN
+            SELECT used INTO n FROM claim_rates WHERE kind = 'project' AND id = d.project_id AND window_start = date_trunc('second', now());
+            IF coalesce(n, 0) >= p_project_rate THEN
+                reason := 'project_rate';
+                defer_until := date_trunc('second', now()) + interval '1 second';
+            END IF;
+        END IF;
+
+        IF reason IS NOT NULL THEN
+            -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
+            UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now()
+            WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
+            idx := i; outcome := CASE WHEN FOUND THEN reason ELSE 'none' END; RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        -- Conditional like every other write: the retry scheduler takes PENDING rows without
+        -- these locks, and a row it took since the SELECT above is its, not this claim's.
+        UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(), updated_at = now()
+        WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
+        IF NOT FOUND THEN
+            idx := i; outcome := 'none'; RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        IF ep_rate IS NOT NULL AND ep_rate > 0 THEN
+            INSERT INTO claim_rates AS r (kind, id, window_start, used) VALUES ('endpoint', d.endpoint_id, date_trunc('second', now()), 1)
+            ON CONFLICT (kind, id) DO UPDATE SET
+                used = CASE WHEN r.window_start = excluded.window_start THEN r.used + 1 ELSE 1 END,
+                window_start = excluded.window_start;
+        END IF;
+        IF p_project_rate > 0 THEN
+            INSERT INTO claim_rates AS r (kind, id, window_start, used) VALUES ('project', d.project_id, date_trunc('second', now()), 1)
+            ON CONFLICT (kind, id) DO UPDATE SET
+                used = CASE WHEN r.window_start = excluded.window_start THEN r.used + 1 ELSE 1 END,
+                window_start = excluded.window_start;
+        END IF;
+        IF c_state = 'open' THEN
+            -- Cool-down over: this claim is the half-open probe.
+            UPDATE endpoint_circuits SET state = 'half_open', probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
+        ELSIF c_state = 'half_open' THEN
+            UPDATE endpoint_circuits SET probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
+        END IF;
+        idx := i; outcome := 'claimed'; RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- Finalise (DESIGN.md 6.2) for a batch of Attempts: one statement and one commit. Element
+-- i of every array belongs to the same Attempt. The Attempt is inserted whatever happens to
+-- the fence (every Attempt is on record) unless its Delivery is gone; the Delivery changes
+-- only while the Claim (p_tokens[i]) still holds it; only then is the outcome recorded in the
+-- endpoint's circuit. The caller sorts the batch by endpoint, so finalise batches lock
+-- circuit rows in one order. The Attempt id comes from the caller, so a finalise made again
+-- after a lost reply inserts nothing twice. Returns per element its 1-based index, whether
+-- the fence held, and the circuit's change (railhook_circuit_record) or NULL.
+CREATE OR REPLACE FUNCTION railhook_finalise_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_statuses text[], p_retry_at timestamptz[], p_last_errors text[],
+    p_attempt_ids uuid[], p_projects uuid[], p_numbers integer[], p_started timestamptz[], p_durations integer[],
+    p_codes integer[], p_results text[], p_errors text[], p_headers jsonb[], p_bodies text[], p_truncated boolean[],
+    p_endpoints uuid[], p_healthy boolean[],
+    p_window_s double precision, p_min_volume integer, p_ratio double precision
+) RETURNS TABLE (idx integer, wrote boolean, circuit text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    fenced integer[];
+    n integer := coalesce(cardinality(p_deliveries), 0);
+BEGIN
+    IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
+       OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
+       OR n <> coalesce(cardinality(p_bodies), 0) THEN
+        RAISE EXCEPTION 'railhook_finalise_batch: arrays of different lengths (% deliveries)', n;
+    END IF;
+    WITH input AS (
+        SELECT * FROM unnest(p_deliveries, p_tokens, p_statuses, p_retry_at, p_last_errors)
+            WITH ORDINALITY AS t(delivery, token, status, retry_at, last_error, n)
+    ), done AS (
+        UPDATE deliveries d
+        SET status = i.status::delivery_status,
+            attempt_count = d.attempt_count + 1,
+            next_retry_at = i.retry_at,
+            claim_token = NULL, claimed_at = NULL,
+            last_error = i.last_error,
+            completed_at = CASE WHEN i.status IN ('SUCCESS', 'FAILED') THEN now() END,
+            updated_at = now()
+        FROM input i
+        WHERE d.id = i.delivery AND d.claim_token = i.token AND d.status = 'PROCESSING'
+        RETURNING i.n
+    )
+    SELECT coalesce(array_agg(done.n::integer), '{}') INTO fenced FROM done;
+
+    INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
+                          result, error_message, response_headers, response_body, response_truncated)
+    SELECT u.* FROM unnest(p_attempt_ids, p_projects, p_deliveries, p_numbers, p_started, p_durations, p_codes,
+                           p_results, p_errors, p_headers, p_bodies, p_truncated)
+        AS u(id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
+             result, error_message, response_headers, response_body, response_truncated)
+    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
+    ON CONFLICT (id) DO NOTHING;
+
+    FOR i IN 1 .. n LOOP
+        idx := i;
+        wrote := i = ANY (fenced);
+        circuit := CASE WHEN wrote
+            THEN railhook_circuit_record(p_endpoints[i], p_tokens[i], p_healthy[i], p_window_s, p_min_volume, p_ratio)
+        END;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- The circuit breaker: records one Attempt's outcome in the endpoint's circuit; returns the
+-- change ('opened', 'closed', 'reopened') or NULL. A failure is an outcome that asks for a
+-- retry. The circuit opens when, within the current window of p_window_s seconds, at least
+-- p_min_volume outcomes were seen and the failure ratio reached p_ratio. A half-open probe
+-- closes it on success and reopens it on failure.
+CREATE OR REPLACE FUNCTION railhook_circuit_record(
+    p_endpoint uuid, p_token uuid, p_success boolean,
+    p_window_s double precision, p_min_volume integer, p_ratio double precision
+) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    c record;
+BEGIN
+    INSERT INTO endpoint_circuits (endpoint_id) VALUES (p_endpoint) ON CONFLICT (endpoint_id) DO NOTHING;
+    SELECT * INTO c FROM endpoint_circuits WHERE endpoint_id = p_endpoint FOR UPDATE;
+    IF c.state = 'half_open' AND c.probe_token IS NOT DISTINCT FROM p_token THEN
+        IF p_success THEN
+            UPDATE endpoint_circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
+                                         opened_at = NULL, probe_token = NULL, probe_at = NULL
+            WHERE endpoint_id = p_endpoint;
+            RETURN 'closed';
+        END IF;
+        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), probe_token = NULL, probe_at = NULL WHERE endpoint_id = p_endpoint;
+        RETURN 'reopened';
+    END IF;
+    IF c.state <> 'closed' THEN
+        RETURN NULL;
+    END IF;
+    IF c.window_start < now() - make_interval(secs => p_window_s) THEN
+        c.successes := 0;
+        c.failures := 0;
+        c.window_start := now();
+    END IF;
+    IF p_success THEN
+        c.successes := c.successes + 1;
+    ELSE
+        c.failures := c.failures + 1;
+    END IF;
+    IF p_min_volume > 0 AND c.successes + c.failures >= p_min_volume
+       AND c.failures::double precision / (c.successes + c.failures) >= p_ratio THEN
+        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
+        WHERE endpoint_id = p_endpoint;
+        RETURN 'opened';
+    END IF;
+    UPDATE endpoint_circuits SET window_start = c.window_start, successes = c.successes, failures = c.failures WHERE endpoint_id = p_endpoint;
+    RETURN NULL;
+END
+$$;

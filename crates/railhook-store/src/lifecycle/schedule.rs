@@ -1,0 +1,224 @@
+//! The jobs that move Deliveries nobody holds: the retry scheduler (due retries and
+//! Deferrals announced with a scheduler token) and the sweeps of DESIGN.md 6.4 (stuck
+//! PROCESSING, stranded PENDING, the hard caps), a singleton across processes under
+//! `crate::locks::SWEEP`.
+
+use railhook_core::AnnouncementReason;
+use tokio_postgres::GenericClient;
+use uuid::Uuid;
+
+/// The retry scheduler's batch: due PENDING Deliveries, claimed under a scheduler token with
+/// SKIP LOCKED, at most `per_endpoint` per endpoint and `limit` in all, oldest due first, and
+/// announced in the same statement through the outbox (reason `retry`, with the token), so
+/// ownership passes with the announcement and cannot be lost between the two. A row still
+/// carrying a scheduler token `$4` seconds after its announcement was not claimed (the hint
+/// was lost): it is tokened and announced again, and the old token's hint then claims
+/// nothing.
+const SCHEDULE_SQL: &str = "
+WITH due AS (
+    SELECT id, project_id, endpoint_id, next_retry_at FROM deliveries
+    WHERE status = 'PENDING' AND next_retry_at <= now()
+      AND (claim_token IS NULL OR last_announced_at < now() - make_interval(secs => $4))
+    ORDER BY next_retry_at
+    LIMIT $1::bigint * 4
+    FOR UPDATE SKIP LOCKED
+), fair AS (
+    SELECT id, project_id, endpoint_id, next_retry_at,
+           row_number() OVER (PARTITION BY endpoint_id ORDER BY next_retry_at) AS n_endpoint,
+           row_number() OVER (PARTITION BY project_id ORDER BY next_retry_at) AS n_project
+    FROM due
+), picked AS (
+    SELECT id, project_id, endpoint_id FROM fair
+    WHERE n_endpoint <= $2::bigint AND n_project <= $3::bigint
+    ORDER BY n_endpoint, next_retry_at
+    LIMIT $1
+), tokened AS (
+    UPDATE deliveries d SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
+    FROM picked WHERE d.id = picked.id
+    RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token
+)
+INSERT INTO outbox (project_id, delivery_id, routing_id, reason, claim_token)
+SELECT project_id, id, endpoint_id, $5, claim_token FROM tokened
+RETURNING id";
+
+/// Claims and announces one batch of due retries; how many.
+pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64, per_project: i64, reannounce_after_s: f64) -> Result<usize, tokio_postgres::Error> {
+    Ok(db.query(SCHEDULE_SQL, &[&limit, &per_endpoint, &per_project, &reannounce_after_s, &AnnouncementReason::Retry.as_str()]).await?.len())
+}
+
+/// Sweep 6.4 (a): PROCESSING for longer than `older_than_s` goes back to PENDING with the
+/// token cleared and is announced again (reason `reannounce`); bounded by `limit`.
+const SWEEP_STUCK_SQL: &str = "
+WITH stuck AS (
+    SELECT id FROM deliveries
+    WHERE status = 'PROCESSING' AND claimed_at < now() - make_interval(secs => $1)
+    ORDER BY claimed_at LIMIT $2 FOR UPDATE SKIP LOCKED
+), reset AS (
+    UPDATE deliveries d SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, next_retry_at = NULL,
+                            last_announced_at = now(), updated_at = now()
+    FROM stuck WHERE d.id = stuck.id
+    RETURNING d.id, d.project_id, d.endpoint_id
+)
+INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+SELECT project_id, id, endpoint_id, $3 FROM reset
+RETURNING id";
+
+/// Sweep 6.4 (b): PENDING and not announced for `older_than_s` (its announcement was lost):
+/// announced again, the scheduler's token (if any) cleared; bounded by `limit`.
+const SWEEP_STRANDED_SQL: &str = "
+WITH stranded AS (
+    SELECT id FROM deliveries
+    WHERE status = 'PENDING' AND last_announced_at < now() - make_interval(secs => $1)
+      AND (next_retry_at IS NULL OR next_retry_at <= now())
+    ORDER BY last_announced_at LIMIT $2 FOR UPDATE SKIP LOCKED
+), reset AS (
+    UPDATE deliveries d SET claim_token = NULL, last_announced_at = now(), updated_at = now()
+    FROM stranded WHERE d.id = stranded.id
+    RETURNING d.id, d.project_id, d.endpoint_id
+)
+INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+SELECT project_id, id, endpoint_id, $3 FROM reset
+RETURNING id";
+
+/// Sweep 6.4 (c): the hard cap. PENDING Deliveries whose ladder started more than
+/// `max_age_s` ago go to Failed Messages.
+const SWEEP_CAPPED_SQL: &str = "
+WITH capped AS (
+    SELECT id FROM deliveries
+    WHERE status = 'PENDING' AND ladder_started_at < now() - make_interval(secs => $1)
+    ORDER BY ladder_started_at LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+UPDATE deliveries d SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
+                        last_error = coalesce(d.last_error || '; ', '') || 'hard cap reached', updated_at = now()
+FROM capped WHERE d.id = capped.id";
+
+/// The incoming hard cap: PENDING Forwards whose ladder started more than `max_age_s` ago
+/// (24 h by default) go to Failed Messages.
+const SWEEP_CAPPED_FORWARDS_SQL: &str = "
+WITH capped AS (
+    SELECT id FROM forwards
+    WHERE status = 'PENDING' AND ladder_started_at < now() - make_interval(secs => $1)
+    ORDER BY ladder_started_at LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+UPDATE forwards f SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
+                      last_error = coalesce(f.last_error || '; ', '') || 'hard cap reached', updated_at = now()
+FROM capped WHERE f.id = capped.id";
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub stuck: u64,
+    pub stranded: u64,
+    pub capped: u64,
+    pub capped_forwards: u64,
+}
+
+/// The sweeps' limits.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepLimits {
+    pub processing_timeout_s: f64,
+    pub stranded_s: f64,
+    pub outgoing_max_age_s: f64,
+    pub incoming_max_age_s: f64,
+    pub batch: i64,
+}
+
+
+/// Runs every sweep in bounded batches, if this process gets the sweep lock (a
+/// transaction-level advisory lock, so a crash cannot leave it held). `None` when another
+/// process holds it.
+pub async fn sweep(client: &mut deadpool_postgres::Object, l: &SweepLimits) -> Result<Option<Swept>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::SWEEP.key]).await?.get(0);
+    if !locked {
+        return Ok(None);
+    }
+    let stuck = tx.query(SWEEP_STUCK_SQL, &[&l.processing_timeout_s, &l.batch, &AnnouncementReason::Reannounce.as_str()]).await?.len() as u64;
+    let stranded = tx.query(SWEEP_STRANDED_SQL, &[&l.stranded_s, &l.batch, &AnnouncementReason::Reannounce.as_str()]).await?.len() as u64;
+    let capped = tx.execute(SWEEP_CAPPED_SQL, &[&l.outgoing_max_age_s, &l.batch]).await?;
+    let capped_forwards = tx.execute(SWEEP_CAPPED_FORWARDS_SQL, &[&l.incoming_max_age_s, &l.batch]).await?;
+    tx.commit().await?;
+    Ok(Some(Swept { stuck, stranded, capped, capped_forwards }))
+}
+
+/// The worker's queue gauges: Deliveries PENDING and due, and the age of the oldest.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueGauges {
+    pub due: i64,
+    pub oldest_due_age_s: f64,
+}
+
+pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
+    let row = db
+        .query_one(
+            "SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)))::float8, 0)
+             FROM deliveries WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now())",
+            &[],
+        )
+        .await?;
+    Ok(QueueGauges { due: row.get(0), oldest_due_age_s: row.get(1) })
+}
+
+/// Rows per re-announcement statement.
+pub const REANNOUNCE_BATCH: i64 = 5_000;
+
+/// The relay's re-announcement after it created a slot: the Deliveries and Forwards that are
+/// still PENDING, unclaimed and not scheduled for a retry get a fresh outbox row (reason
+/// `reannounce`), in bounded batches, each batch one statement.
+///
+/// Why: an outbox row committed before the slot existed (first start after the API already
+/// took events, or a slot that was lost or dropped and recreated) is not in any stream the
+/// new slot will decode. The obligation never lived in Kafka; it lives in the row's status,
+/// so Postgres is asked again. Rows with `next_retry_at` set belong to the retry scheduler.
+/// Duplicates (a row announced twice) are absorbed by the Claim.
+const REANNOUNCE_DELIVERIES_SQL: &str = "
+WITH batch AS (
+    SELECT id, project_id, endpoint_id FROM deliveries
+    WHERE status = 'PENDING' AND claim_token IS NULL AND next_retry_at IS NULL AND id > $1
+    ORDER BY id LIMIT $2
+), marked AS (
+    UPDATE deliveries d SET last_announced_at = now() FROM batch WHERE d.id = batch.id
+)
+INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+SELECT project_id, id, endpoint_id, $3 FROM batch ORDER BY id
+RETURNING delivery_id";
+
+const REANNOUNCE_FORWARDS_SQL: &str = "
+WITH batch AS (
+    SELECT id, project_id, destination_id FROM forwards
+    WHERE status = 'PENDING' AND claim_token IS NULL AND next_retry_at IS NULL AND id > $1
+    ORDER BY id LIMIT $2
+), marked AS (
+    UPDATE forwards f SET last_announced_at = now() FROM batch WHERE f.id = batch.id
+)
+INSERT INTO outbox (project_id, forward_id, routing_id, reason)
+SELECT project_id, id, destination_id, $3 FROM batch ORDER BY id
+RETURNING forward_id";
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reannounced {
+    pub deliveries: u64,
+    pub forwards: u64,
+}
+
+/// Re-announces everything eligible; returns how many rows of each kind.
+pub async fn reannounce_pending(db: &impl GenericClient) -> Result<Reannounced, tokio_postgres::Error> {
+    Ok(Reannounced {
+        deliveries: reannounce_batches(db, REANNOUNCE_DELIVERIES_SQL).await?,
+        forwards: reannounce_batches(db, REANNOUNCE_FORWARDS_SQL).await?,
+    })
+}
+
+async fn reannounce_batches(db: &impl GenericClient, sql: &str) -> Result<u64, tokio_postgres::Error> {
+    let statement = db.prepare(sql).await?;
+    let reason = AnnouncementReason::Reannounce.as_str();
+    let mut after = Uuid::nil();
+    let mut total = 0u64;
+    loop {
+        let rows = db.query(&statement, &[&after, &REANNOUNCE_BATCH, &reason]).await?;
+        total += rows.len() as u64;
+        match rows.iter().map(|r| r.get::<_, Uuid>(0)).max() {
+            Some(last) if rows.len() as i64 == REANNOUNCE_BATCH => after = last,
+            _ => return Ok(total),
+        }
+    }
+}

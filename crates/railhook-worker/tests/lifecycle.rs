@@ -1,0 +1,63 @@
+//! The Delivery lifecycle's owner against the real Postgres: the advisory-lock registry (the
+//! sweep no longer waits on `railhook migrate`), and admission decided in the claim alone (a
+//! disabled endpoint is a Deferral of the claim statement, not a claim released afterwards).
+
+use railhook_core::{ClaimToken, DeferralReason, DeliveryId};
+use railhook_store::lifecycle::{self, ClaimRequest, ClaimResult, Limits, SweepLimits};
+use railhook_store::locks;
+use railhook_testkit::relay::Fixture;
+
+const LIMITS: Limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0 };
+
+#[tokio::test]
+async fn the_sweep_runs_while_migrate_holds_its_lock() {
+    let (db, pool, _fixture) = Fixture::in_fresh_db(1).await;
+    // `railhook migrate` holds its session-level lock for the whole run.
+    let migrating = db.client().await;
+    migrating.execute("SELECT pg_advisory_lock($1)", &[&locks::MIGRATE.key]).await.unwrap();
+    let limits = SweepLimits { processing_timeout_s: 300.0, stranded_s: 3600.0, outgoing_max_age_s: 345_600.0, incoming_max_age_s: 86_400.0, batch: 10 };
+    let mut client = pool.get().await.unwrap();
+    let swept = lifecycle::sweep(&mut client, &limits).await.unwrap();
+    assert!(swept.is_some(), "the sweep found its lock taken: it shares a key with the migrator");
+    // And the sweep still excludes a second sweeper.
+    let holder = db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder.execute("SELECT pg_advisory_xact_lock($1)", &[&locks::SWEEP.key]).await.unwrap();
+    assert!(lifecycle::sweep(&mut client, &limits).await.unwrap().is_none(), "a second sweeper ran beside the first");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_disabled_endpoint_is_deferred_by_the_claim_itself() {
+    let (db, pool, fixture) = Fixture::in_fresh_db(2).await;
+    let admin = db.client().await;
+    let deliveries = fixture.ingest(&pool, "order.created").await;
+    // Disabled after the ingest made its Delivery (the ingest skips disabled endpoints).
+    admin.execute("UPDATE endpoints SET enabled = false WHERE id = $1", &[&fixture.endpoints[0].0]).await.unwrap();
+    let requests: Vec<ClaimRequest> = deliveries
+        .iter()
+        .map(|d| ClaimRequest { delivery: d.parse::<DeliveryId>().unwrap(), token: ClaimToken::new(), hint: None })
+        .collect();
+    let results = lifecycle::claim_batch(&pool.get().await.unwrap(), &requests, &LIMITS).await.unwrap();
+    let mut deferred = 0;
+    for (request, result) in requests.iter().zip(&results) {
+        let row = admin
+            .query_one("SELECT endpoint_id, status::text, EXTRACT(EPOCH FROM next_retry_at - now())::float8 FROM deliveries WHERE id = $1", &[&request.delivery])
+            .await
+            .unwrap();
+        let (endpoint, status, due_in): (uuid::Uuid, String, Option<f64>) = (row.get(0), row.get(1), row.get(2));
+        if endpoint == fixture.endpoints[0].0 {
+            assert!(matches!(result, ClaimResult::Deferred(DeferralReason::EndpointDisabled)), "{result:?}");
+            assert_eq!(status, "PENDING", "a Deferral leaves the Delivery PENDING");
+            let due_in = due_in.expect("due again later");
+            assert!((50.0..=61.0).contains(&due_in), "due again in about a minute, not {due_in}");
+            deferred += 1;
+        } else {
+            assert!(matches!(result, ClaimResult::Claimed(_)), "{result:?}");
+            assert_eq!(status, "PROCESSING");
+        }
+    }
+    assert_eq!(deferred, 1);
+    let attempts: i64 = admin.query_one("SELECT count(*) FROM attempts", &[]).await.unwrap().get(0);
+    assert_eq!(attempts, 0, "a Deferral spends no Attempt");
+}
