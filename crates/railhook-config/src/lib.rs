@@ -157,6 +157,14 @@ pub struct WorkerConfig {
     pub endpoint_concurrency: i32,
     /// Attempts in flight at once per project, across all worker processes (0: no limit).
     pub project_concurrency: i32,
+    /// Hints waiting in one Endpoint's queue inside a worker for a free slot; past it a hint
+    /// over the limit is a Deferral through the retry path.
+    pub endpoint_queue_max: usize,
+    /// Hints waiting in all the Endpoint queues of a worker.
+    pub queue_max: usize,
+    /// How long an Endpoint's claims may find its slots or rate window taken elsewhere
+    /// (another worker, the project's limit) before its waiting hints become Deferrals.
+    pub queue_busy_max_ms: u64,
     /// Claims per second per project (0: no limit); per endpoint, the endpoint's
     /// `rate_limit_per_second` applies.
     pub project_rate_limit_per_second: i32,
@@ -277,6 +285,9 @@ impl Default for WorkerConfig {
             shutdown_grace_ms: 25_000,
             endpoint_concurrency: 10,
             project_concurrency: 100,
+            endpoint_queue_max: 10_000,
+            queue_max: 100_000,
+            queue_busy_max_ms: 5_000,
             project_rate_limit_per_second: 0,
             circuit_failure_ratio: 0.5,
             circuit_min_requests: 20,

@@ -55,7 +55,7 @@ impl OffsetTracker {
 }
 
 /// A parsed announcement (the relay's value, version 1).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hint {
     pub delivery: railhook_core::DeliveryId,
     pub claim_token: Option<railhook_core::ClaimToken>,

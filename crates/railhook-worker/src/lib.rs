@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use railhook_config::Config;
+use railhook_core::EndpointId;
 use railhook_store::lifecycle;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::Message;
@@ -23,6 +24,7 @@ pub mod error;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
+pub mod queues;
 pub mod runner;
 
 pub use error::{ErrorKind, WorkerError};
@@ -117,50 +119,117 @@ impl Offsets<'_> {
     }
 }
 
+/// What a hint's task tells the consume loop.
+enum TaskEvent {
+    /// The claim step of this message is over: its offset may be stored.
+    Claimed { partition: i32, offset: i64 },
+    /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
+    /// step is over too (told again here in case `Claimed` did not fit in the channel).
+    Finished { endpoint: EndpointId, place: (i32, i64), busy: Option<(queues::Queued, Option<Duration>)> },
+}
+
+/// The consume loop's state: the Kafka consumer's offsets, the per-Endpoint queues and the
+/// running tasks. One task owns it all.
+struct Consuming<'a> {
+    runner: Arc<Runner>,
+    offsets: Offsets<'a>,
+    queues: queues::EndpointQueues,
+    permits: Arc<Semaphore>,
+    events_tx: tokio::sync::mpsc::Sender<TaskEvent>,
+    tasks: JoinSet<()>,
+    hard_stop: CancellationToken,
+}
+
+impl Consuming<'_> {
+    /// A message from Kafka: parsed, then run or queued by its Endpoint (the message key).
+    fn message(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
+        let (partition, offset) = (message.partition(), message.offset());
+        self.offsets.tracker.started(partition, offset);
+        let Some(hint) = consumer::parse_hint(message.payload().unwrap_or_default()) else {
+            self.runner.metrics.bad_messages.inc();
+            self.offsets.done(partition, offset);
+            return;
+        };
+        // The relay keys every Delivery announcement by its Endpoint; a message without a
+        // usable key shares one queue with the others like it.
+        let endpoint = message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(EndpointId(uuid::Uuid::nil()));
+        let queued = queues::Queued { hint, partition, offset };
+        if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
+            self.start(start);
+        }
+        self.runner.metrics.queue_waiting.set(self.queues.waiting() as i64);
+    }
+
+    fn event(&mut self, event: TaskEvent) {
+        match event {
+            TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
+            TaskEvent::Finished { endpoint, place: (partition, offset), busy } => {
+                if busy.is_none() {
+                    self.offsets.done(partition, offset);
+                }
+                let now = tokio::time::Instant::now();
+                self.queues.finished(endpoint, busy, now);
+                self.pump(endpoint, now);
+            }
+        }
+    }
+
+    /// Starts what `endpoint` may run now, within the free permits.
+    fn pump(&mut self, endpoint: EndpointId, now: tokio::time::Instant) {
+        for start in self.queues.ready(endpoint, self.permits.available_permits(), now) {
+            self.start(start);
+        }
+        self.runner.metrics.queue_waiting.set(self.queues.waiting() as i64);
+    }
+
+    fn start(&mut self, start: queues::Start) {
+        let permit = self.permits.clone().try_acquire_owned().expect("a permit is free: the loop reads and starts only with free permits");
+        let (events, runner, hard_stop) = (self.events_tx.clone(), self.runner.clone(), self.hard_stop.clone());
+        self.tasks.spawn(attempt_task(runner, start, events, permit, hard_stop));
+    }
+}
+
 async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let consumer = subscribe(config, topic)?;
     tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
     let max = config.worker.max_in_flight;
-    let permits = Arc::new(Semaphore::new(max));
-    // At most one "claim step done" per running task is ever undrained (the loop drains these
-    // before it starts another task), so `max` slots suffice and `try_send` cannot fail.
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::channel::<(i32, i64)>(max);
-    let mut offsets = Offsets { consumer: &consumer, topic, tracker: consumer::OffsetTracker::default() };
-    let hard_stop = CancellationToken::new();
-    let mut tasks: JoinSet<()> = JoinSet::new();
+    // Each task sends at most two events and waits (holding its permit) while the channel is
+    // full; the loop never waits on a task, so this bound cannot deadlock.
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel::<TaskEvent>(2 * max);
+    let limits = queues::QueueLimits::from_config(&config.worker);
+    runner.metrics.queue_waiting_max.set(limits.waiting_total as i64);
+    let mut c = Consuming {
+        runner,
+        offsets: Offsets { consumer: &consumer, topic, tracker: consumer::OffsetTracker::default() },
+        queues: queues::EndpointQueues::new(limits),
+        permits: Arc::new(Semaphore::new(max)),
+        events_tx,
+        tasks: JoinSet::new(),
+        hard_stop: CancellationToken::new(),
+    };
     loop {
+        let wakeup = c.queues.next_wakeup();
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((partition, offset)) = done_rx.recv() => offsets.done(partition, offset),
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            message = consumer.recv(), if permits.available_permits() > 0 => {
-                let message = match message {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Kafka consumer error");
-                        continue;
-                    }
-                };
-                let (partition, offset) = (message.partition(), message.offset());
-                let hint = consumer::parse_hint(message.payload().unwrap_or_default());
-                drop(message);
-                offsets.tracker.started(partition, offset);
-                let Some(hint) = hint else {
-                    runner.metrics.bad_messages.inc();
-                    offsets.done(partition, offset);
-                    continue;
-                };
-                let permit = permits.clone().try_acquire_owned().expect("a permit is available: checked above, one acquirer");
-                let done_tx = done_tx.clone();
-                let notify = move || {
-                    let _ = done_tx.try_send((partition, offset));
-                };
-                tasks.spawn(attempt_task(runner.clone(), hint, notify, permit, hard_stop.clone()));
+            Some(event) = events_rx.recv() => c.event(event),
+            Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
+            _ = tokio::time::sleep_until(wakeup.unwrap_or_else(tokio::time::Instant::now)), if wakeup.is_some() => {
+                let now = tokio::time::Instant::now();
+                for endpoint in c.queues.woken(now) {
+                    c.pump(endpoint, now);
+                }
             }
+            message = consumer.recv(), if c.permits.available_permits() > 0 => match message {
+                Ok(m) => c.message(&m),
+                Err(e) => tracing::warn!(error = %e, "Kafka consumer error"),
+            },
         }
     }
-    drain(config, &mut tasks, &mut done_rx, &mut offsets, &hard_stop).await;
+    // Hints still waiting are dropped: their offsets were never stored, so they are read
+    // again after the restart.
+    drain(config, &mut c.tasks, &mut events_rx, &mut c.offsets, &c.hard_stop).await;
+    drop(c);
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
         tracing::warn!(error = %e, "final offset commit failed");
     }
@@ -171,28 +240,48 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
 }
 
 /// One hint's task: its claim and Attempt, under a permit of `worker.max_in_flight`.
-async fn attempt_task(runner: Arc<Runner>, hint: consumer::Hint, notify: impl FnOnce(), _permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
+async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, _permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
     runner.metrics.in_flight.inc();
-    let delivery = hint.delivery;
-    match runner.run(hint, notify, hard_stop).await {
-        Ok(ran) => tracing::debug!(%delivery, ?ran, "announcement handled"),
+    let queues::Start { endpoint, queued, mode } = start;
+    let delivery = queued.hint.delivery;
+    let claimed_events = events.clone();
+    let notify = move || {
+        // Sent from inside the task, before the HTTP request, without waiting: if the channel
+        // is full the offset is stored when the task's `Finished` arrives instead.
+        let _ = claimed_events.try_send(TaskEvent::Claimed { partition: queued.partition, offset: queued.offset });
+    };
+    let busy = match runner.run(queued.hint, mode, notify, hard_stop).await {
+        Ok(runner::Ran::Busy(pause)) => Some((queued, pause)),
+        Ok(ran) => {
+            tracing::debug!(%delivery, ?ran, "announcement handled");
+            None
+        }
         // The hint is dropped; the Delivery stays as it was and the sweeps find it
         // (PROCESSING after 5 min, PENDING after an hour).
-        Err(e) => tracing::warn!(error = %error::chain(&e), %delivery, "announcement failed"),
-    }
+        Err(e) => {
+            tracing::warn!(error = %error::chain(&e), %delivery, "announcement failed");
+            None
+        }
+    };
     runner.metrics.in_flight.dec();
+    let _ = events.send(TaskEvent::Finished { endpoint, place: (queued.partition, queued.offset), busy }).await;
 }
 
 /// No more messages; Attempts in flight get the grace period, then are cut short (their
 /// Claims released, no Attempt spent).
-async fn drain(config: &Config, tasks: &mut JoinSet<()>, done_rx: &mut tokio::sync::mpsc::Receiver<(i32, i64)>, offsets: &mut Offsets<'_>, hard_stop: &CancellationToken) {
+async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::sync::mpsc::Receiver<TaskEvent>, offsets: &mut Offsets<'_>, hard_stop: &CancellationToken) {
     tracing::info!(in_flight = tasks.len(), "worker stopping: draining Attempts in flight");
     let grace = tokio::time::sleep(Duration::from_millis(config.worker.shutdown_grace_ms));
     tokio::pin!(grace);
     let mut cut = false;
+    let record = |event: TaskEvent, offsets: &mut Offsets<'_>| match event {
+        TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: (partition, offset), busy: None, .. } => offsets.done(partition, offset),
+        // A hint given back while stopping stays unclaimed: its offset is not stored.
+        TaskEvent::Finished { busy: Some(_), .. } => {}
+    };
     while !tasks.is_empty() {
         tokio::select! {
-            Some((partition, offset)) = done_rx.recv() => offsets.done(partition, offset),
+            Some(event) = events.recv() => record(event, offsets),
             _ = tasks.join_next() => {}
             _ = &mut grace, if !cut => {
                 tracing::warn!(in_flight = tasks.len(), "shutdown grace over: releasing the Claims of Attempts still running");
@@ -201,8 +290,8 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, done_rx: &mut tokio::sy
             }
         }
     }
-    while let Ok((partition, offset)) = done_rx.try_recv() {
-        offsets.done(partition, offset);
+    while let Ok(event) = events.try_recv() {
+        record(event, offsets);
     }
 }
 

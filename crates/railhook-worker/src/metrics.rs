@@ -18,6 +18,12 @@ pub struct WorkerMetrics {
     pub claims_unseen: IntCounter,
     pub fence_lost: IntCounter,
     pub deferrals: IntCounterVec,
+    /// Claims in the waiting mode that found a limit taken and went back to their Endpoint's
+    /// queue, by the limit.
+    pub claims_busy: IntCounterVec,
+    /// Hints waiting in the per-Endpoint queues, and the bound.
+    pub queue_waiting: IntGauge,
+    pub queue_waiting_max: IntGauge,
     /// Circuit breaker state changes by change (opened, closed, reopened).
     pub circuit_changes: IntCounterVec,
     /// Announcements the consumer could not parse (counted and skipped).
@@ -53,6 +59,9 @@ impl WorkerMetrics {
             claims_unseen: counter("railhook_worker_claims_unseen_total", "Claims that did not see their Delivery yet (announced before its commit was visible) and were made again."),
             fence_lost: counter("railhook_worker_fence_lost_total", "Finalises that found their Claim gone (the Delivery was swept)."),
             deferrals: IntCounterVec::new(Opts::new("railhook_worker_deferrals_total", "Claims released without spending an Attempt, by reason."), &["reason"]).expect("valid metric"),
+            claims_busy: IntCounterVec::new(Opts::new("railhook_worker_claims_busy_total", "Claims that found a concurrency or rate limit taken and waited in their Endpoint's queue, by limit."), &["reason"]).expect("valid metric"),
+            queue_waiting: IntGauge::new("railhook_worker_queue_waiting", "Hints waiting in the worker's per-Endpoint queues for a free slot.").expect("valid metric"),
+            queue_waiting_max: IntGauge::new("railhook_worker_queue_waiting_max", "The bound of hints waiting in all the per-Endpoint queues (worker.queue_max).").expect("valid metric"),
             circuit_changes: IntCounterVec::new(Opts::new("railhook_worker_circuit_changes_total", "Endpoint circuit state changes, by change."), &["change"]).expect("valid metric"),
             bad_messages: counter("railhook_worker_bad_messages_total", "Announcements that did not parse (skipped)."),
             scheduled: counter("railhook_worker_retries_scheduled_total", "Due retries claimed and announced by the scheduler."),
@@ -79,6 +88,9 @@ impl WorkerMetrics {
         registry.register(Box::new(self.claims_unseen.clone()))?;
         registry.register(Box::new(self.fence_lost.clone()))?;
         registry.register(Box::new(self.deferrals.clone()))?;
+        registry.register(Box::new(self.claims_busy.clone()))?;
+        registry.register(Box::new(self.queue_waiting.clone()))?;
+        registry.register(Box::new(self.queue_waiting_max.clone()))?;
         registry.register(Box::new(self.circuit_changes.clone()))?;
         registry.register(Box::new(self.bad_messages.clone()))?;
         registry.register(Box::new(self.scheduled.clone()))?;

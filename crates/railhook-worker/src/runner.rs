@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use railhook_core::signing::EndpointSecret;
-use railhook_core::ClaimToken;
+use railhook_core::{ClaimToken, DeferralReason};
 use railhook_store::lifecycle::{self, AttemptRecord, ClaimRequest, ClaimResult, Claimed, Next};
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,7 @@ use crate::error::{ErrorKind, WorkerError};
 use crate::http::{self, AttemptOutcome, OutgoingRequest, Verdict};
 use crate::ladder::{self, Step};
 use crate::metrics::WorkerMetrics;
+use crate::queues::ClaimMode;
 
 /// How an announcement ended, for the metrics and the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,9 @@ pub enum Ran {
     FenceLost,
     /// Shutdown cut the Attempt short; the Claim was released.
     Released,
+    /// A claim in the waiting mode found a limit taken (nothing written): the hint goes back
+    /// to its Endpoint's queue, to claim again after at least this pause (a rate window).
+    Busy(Option<Duration>),
 }
 
 /// The settings an Attempt reads (a slice of `worker.*`, cut once).
@@ -206,8 +210,14 @@ impl Runner {
     /// Claims the hint's Delivery (with the scheduler's token on the retry path), then runs
     /// the Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
-    pub async fn run(&self, hint: Hint, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, WorkerError> {
-        let claimed = self.claim(hint, &hard_stop).await;
+    /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
+    /// `claimed_tx`: the hint is not done with, its offset stays pending.
+    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, WorkerError> {
+        let claimed = self.claim(hint, mode, &hard_stop).await;
+        if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
+            self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
+            return Ok(Ran::Busy(rate_window_left(*reason)));
+        }
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
         claimed_tx();
@@ -218,6 +228,7 @@ impl Runner {
                 self.metrics.claims_lost.inc();
                 return Ok(Ran::NothingClaimed);
             }
+            Some(ClaimResult::Busy(_)) => unreachable!("answered above"),
             Some(ClaimResult::Deferred(reason)) => {
                 // Invariant 4: released before any Attempt (the row never left PENDING).
                 self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
@@ -232,8 +243,8 @@ impl Runner {
     /// all) and while Postgres is unreachable (about five minutes). `None`: cut short by the
     /// hard stop. Both waits hold the hint's offset: a crash meanwhile redelivers the hint,
     /// and so does a shutdown (the offset stays uncommitted).
-    async fn claim(&self, hint: Hint, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
-        let request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token };
+    async fn claim(&self, hint: Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
+        let request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut failures = 0u32;
         loop {
@@ -367,6 +378,18 @@ impl Runner {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// For a rate limit, the time left in the current one-second window (the claim's windows
+/// are whole seconds of the database clock; this host's clock is close enough for a pause).
+fn rate_window_left(reason: DeferralReason) -> Option<Duration> {
+    match reason {
+        DeferralReason::EndpointRate | DeferralReason::ProjectRate => {
+            let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            Some(Duration::from_millis(1_000 - u64::from(since_epoch.subsec_millis())))
+        }
+        _ => None,
     }
 }
 

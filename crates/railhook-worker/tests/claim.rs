@@ -15,7 +15,7 @@ fn limits(endpoint: i32, project: i32) -> Limits {
 
 fn first(delivery: &str) -> ClaimRequest {
     let id: railhook_core::DeliveryId = delivery.parse().unwrap();
-    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None }
+    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false }
 }
 
 fn kinds(results: &[ClaimResult]) -> Vec<String> {
@@ -26,6 +26,7 @@ fn kinds(results: &[ClaimResult]) -> Vec<String> {
             ClaimResult::Nothing => "none".to_string(),
             ClaimResult::Missing => "missing".to_string(),
             ClaimResult::Deferred(reason) => reason.to_string(),
+            ClaimResult::Busy(reason) => format!("busy:{reason}"),
         })
         .collect()
 }
@@ -131,10 +132,39 @@ async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
     let late = Uuid::new_v4();
     let done_id: railhook_core::DeliveryId = done.parse().unwrap();
     railhook_testkit::relay::insert_delivery_copy(&writer, late, done_id.0).await;
-    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None };
-    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None }], &limits(0, 0)).await.unwrap();
+    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None, wait: false };
+    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: false }], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["missing", "none", "missing"]);
     writer.batch_execute("COMMIT").await.unwrap();
     let results = store::claim_batch(&client, &[late_request], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["claimed"]);
+}
+
+/// The waiting mode (the worker's per-Endpoint queue): over a concurrency limit the claim
+/// answers busy and writes nothing, so the same hint claims the row once a slot frees; the
+/// Deferral mode still defers.
+#[tokio::test]
+async fn a_claim_in_the_waiting_mode_is_busy_and_writes_nothing() {
+    let (_db, pool, fixture) = setup(1).await;
+    let mut requests = Vec::new();
+    for _ in 0..3 {
+        requests.extend(fixture.ingest(&pool, "order.created").await.iter().map(|d| ClaimRequest { wait: true, ..first(d) }));
+    }
+    let client = pool.get().await.unwrap();
+    let results = store::claim_batch(&client, &requests, &limits(1, 0)).await.unwrap();
+    assert_eq!(kinds(&results), ["claimed", "busy:endpoint_concurrency", "busy:endpoint_concurrency"]);
+    let untouched: i64 = client
+        .query_one("SELECT count(*) FROM deliveries WHERE status = 'PENDING' AND next_retry_at IS NULL AND claim_token IS NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(untouched, 2, "a busy claim leaves the row as it was");
+    // The slot frees: the same hint (a new token) claims it.
+    let ClaimResult::Claimed(c) = &results[0] else { unreachable!() };
+    client.execute("UPDATE deliveries SET status = 'SUCCESS', claim_token = NULL WHERE id = $1", &[&c.id]).await.unwrap();
+    let again = store::claim_batch(&client, &[ClaimRequest { token: ClaimToken::new(), ..requests[1] }], &limits(1, 0)).await.unwrap();
+    assert_eq!(kinds(&again), ["claimed"]);
+    // The Deferral mode defers over the limit, as before the queues.
+    let deferred = store::claim_batch(&client, &[ClaimRequest { wait: false, ..requests[2] }], &limits(1, 0)).await.unwrap();
+    assert_eq!(kinds(&deferred), ["endpoint_concurrency"]);
 }

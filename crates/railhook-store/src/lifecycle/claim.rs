@@ -82,6 +82,9 @@ pub enum ClaimResult {
     Missing,
     /// A Deferral: the Delivery stays PENDING, due again later, no Attempt spent.
     Deferred(DeferralReason),
+    /// A claim in the waiting mode found this limit taken: nothing was written; the hint
+    /// may claim again when a slot frees or the rate window opens.
+    Busy(DeferralReason),
 }
 
 /// One claim to make: the Delivery, the token this Attempt will hold, and the hint's token
@@ -92,6 +95,9 @@ pub struct ClaimRequest {
     pub delivery: DeliveryId,
     pub token: ClaimToken,
     pub hint: Option<ClaimToken>,
+    /// The waiting mode: a concurrency or rate limit answers [`ClaimResult::Busy`] instead of
+    /// a Deferral (the worker's per-Endpoint queue waits it out).
+    pub wait: bool,
 }
 
 /// 6.1 with the admission checks, for many Deliveries at once: `railhook_claim_batch`
@@ -105,13 +111,14 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
     if requests.is_empty() {
         return Ok(Vec::new());
     }
-    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8)").await?;
+    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)").await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
     let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
     let hints: Vec<Option<ClaimToken>> = requests.iter().map(|r| r.hint).collect();
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
-        [&deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s];
+    let waits: Vec<bool> = requests.iter().map(|r| r.wait).collect();
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
+        [&deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits];
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
     // Both sent before either answer arrives (tokio-postgres pipelines queries polled
     // together, in the order polled); each is its own implicit transaction, so the read
@@ -129,7 +136,8 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
             // Claimed and read back; a row gone between the two statements (swept) claims
             // nothing.
             "claimed" => claimed.remove(&requests[i].token).map_or(ClaimResult::Nothing, |c| ClaimResult::Claimed(Box::new(c))),
-            other => match other.parse::<DeferralReason>() {
+            other => match other.strip_prefix("busy:").unwrap_or(other).parse::<DeferralReason>() {
+                Ok(reason) if other.starts_with("busy:") => ClaimResult::Busy(reason),
                 Ok(reason) => ClaimResult::Deferred(reason),
                 Err(e) => {
                     // rules.sql and DeferralReason disagree: a bug, not a Deferral to count.

@@ -27,12 +27,18 @@
 --   project_rate          the project's one-second window used  the next window
 -- Limits of 0 or less mean unlimited.
 --
+-- A claim in the waiting mode (p_wait[i], the worker's per-Endpoint queue) does not defer
+-- over a concurrency or rate limit: it answers 'busy:<reason>' and writes nothing, and the
+-- worker keeps the hint until a slot frees or the window opens.
+--
 -- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
--- is not visible yet: see below), or the Deferral's reason.
+-- is not visible yet: see below), 'busy:<reason>', or the Deferral's reason.
+DROP FUNCTION IF EXISTS railhook_claim_batch(uuid[], uuid[], uuid[], integer, integer, integer, double precision, double precision);
 CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
     p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
-    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision
+    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
+    p_wait boolean[]
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -163,6 +169,11 @@ BEGIN
             END IF;
         END IF;
 
+        IF reason IN ('endpoint_concurrency', 'project_concurrency', 'endpoint_rate', 'project_rate')
+           AND coalesce(p_wait[i], false) THEN
+            idx := i; outcome := 'busy:' || reason; RETURN NEXT;
+            CONTINUE;
+        END IF;
         IF reason IS NOT NULL THEN
             -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
             UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now()

@@ -1,0 +1,325 @@
+//! The per-Endpoint queues: where a hint waits for a free slot of its Endpoint inside the
+//! worker, first in, first out, instead of going through the retry path as a Deferral.
+//!
+//! One owner: the consume loop holds the only [`EndpointQueues`] and calls it from one task,
+//! so the state needs no lock. Per Endpoint it keeps the Attempts running here and the hints
+//! waiting. A hint runs at once while the Endpoint has a free slot (`worker.endpoint_concurrency`
+//! running in this process); otherwise it waits, and the moment one of the Endpoint's
+//! Attempts finishes, the first waiting hint runs.
+//!
+//! Postgres stays the truth across worker processes: every claim still counts the
+//! Endpoint's and the Project's PROCESSING rows under their locks. A claim that finds the
+//! slots taken elsewhere (another worker, the project's limit) or the rate window spent
+//! answers `Busy` and writes nothing; its hint goes back to the front of the queue and the
+//! Endpoint pauses for a short, growing wait (or until the next rate window). Only when the
+//! Endpoint has been busy for longer than `worker.queue_busy_max_ms`, or its queue (or the
+//! total) is full, is a hint claimed in the Deferral mode: over the limit it becomes a
+//! Deferral through the retry path, as before the queues existed.
+//!
+//! Bounds: at most `worker.endpoint_queue_max` hints wait per Endpoint and
+//! `worker.queue_max` in all (a dead Endpoint cannot take the worker's memory); both depths
+//! are metrics. Crash safety: a waiting hint's offset is not stored until its claim step is
+//! over (the consumer's contiguous-prefix rule), so a kill -9 redelivers it.
+//!
+//! This is also where ordering parks Deliveries (one type, one owner).
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::time::Duration;
+
+use railhook_core::EndpointId;
+use tokio::time::Instant;
+
+use crate::consumer::Hint;
+
+/// How a hint's claim treats limits that bite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimMode {
+    /// A concurrency or rate limit answers `Busy` and writes nothing: the hint waits here.
+    Wait,
+    /// A limit that bites is a Deferral through the retry path (queue full, busy too long).
+    Defer,
+}
+
+/// The queues' bounds (`worker.*`).
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Attempts running at once per Endpoint in this process (0: no limit).
+    pub running_per_endpoint: usize,
+    /// Hints waiting per Endpoint.
+    pub waiting_per_endpoint: usize,
+    /// Hints waiting in all.
+    pub waiting_total: usize,
+    /// How long an Endpoint may answer `Busy` before its hints are claimed as Deferrals.
+    pub busy_max: Duration,
+}
+
+impl QueueLimits {
+    pub fn from_config(w: &railhook_config::WorkerConfig) -> QueueLimits {
+        QueueLimits {
+            running_per_endpoint: usize::try_from(w.endpoint_concurrency).unwrap_or(0),
+            waiting_per_endpoint: w.endpoint_queue_max,
+            waiting_total: w.queue_max,
+            busy_max: Duration::from_millis(w.queue_busy_max_ms),
+        }
+    }
+}
+
+/// A hint with its place in Kafka (its offset is stored once its claim step is over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub hint: Hint,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A hint to run now, in this claim mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    pub endpoint: EndpointId,
+    pub queued: Queued,
+    pub mode: ClaimMode,
+}
+
+#[derive(Debug, Default)]
+struct Endpoint {
+    running: usize,
+    waiting: VecDeque<Queued>,
+    /// Paused after a `Busy` claim until then.
+    paused_until: Option<Instant>,
+    /// Since when its claims have come back `Busy` without a claim in between.
+    busy_since: Option<Instant>,
+    /// The next pause after a `Busy` (doubles, reset by a claim that was not busy).
+    backoff: Duration,
+}
+
+impl Endpoint {
+    fn idle(&self) -> bool {
+        self.running == 0 && self.waiting.is_empty() && self.paused_until.is_none()
+    }
+}
+
+/// The shortest and longest pause after a `Busy` claim.
+const BUSY_PAUSE_MIN: Duration = Duration::from_millis(5);
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(250);
+
+#[derive(Debug)]
+pub struct EndpointQueues {
+    limits: QueueLimits,
+    endpoints: HashMap<EndpointId, Endpoint>,
+    waiting: usize,
+    /// Paused Endpoints by the time they may claim again (stale entries are skipped).
+    wakeups: BinaryHeap<Reverse<(Instant, EndpointId)>>,
+}
+
+impl EndpointQueues {
+    pub fn new(limits: QueueLimits) -> EndpointQueues {
+        EndpointQueues { limits, endpoints: HashMap::new(), waiting: 0, wakeups: BinaryHeap::new() }
+    }
+
+    /// Hints waiting in all.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Endpoints with any state (running, waiting or paused).
+    pub fn endpoints(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// A new hint for `endpoint`: run it now, or keep it waiting. A hint that does not fit
+    /// (the Endpoint's queue or the total is full) runs now in the Deferral mode.
+    pub fn offer(&mut self, endpoint: EndpointId, queued: Queued, now: Instant) -> Option<Start> {
+        let limits = self.limits;
+        let total_full = self.waiting >= limits.waiting_total;
+        let e = self.endpoints.entry(endpoint).or_default();
+        if e.waiting.is_empty() && Self::may_run(&limits, e, now) {
+            e.running += 1;
+            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
+        }
+        if total_full || e.waiting.len() >= limits.waiting_per_endpoint {
+            e.running += 1;
+            return Some(Start { endpoint, queued, mode: ClaimMode::Defer });
+        }
+        e.waiting.push_back(queued);
+        self.waiting += 1;
+        None
+    }
+
+    /// An Attempt of `endpoint` started by this queue finished. `busy`: its claim found the
+    /// limits taken (the hint goes back to the front) and for how long at least to pause (the
+    /// next rate window), or `None` when the claim step ended otherwise.
+    pub fn finished(&mut self, endpoint: EndpointId, busy: Option<(Queued, Option<Duration>)>, now: Instant) {
+        let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
+        e.running = e.running.saturating_sub(1);
+        match busy {
+            Some((queued, at_least)) => {
+                e.waiting.push_front(queued);
+                self.waiting += 1;
+                e.busy_since.get_or_insert(now);
+                e.backoff = (e.backoff * 2).clamp(BUSY_PAUSE_MIN, BUSY_PAUSE_MAX);
+                let until = now + at_least.unwrap_or_default().max(e.backoff);
+                e.paused_until = Some(until);
+                self.wakeups.push(Reverse((until, endpoint)));
+            }
+            None => {
+                e.busy_since = None;
+                e.backoff = Duration::ZERO;
+            }
+        }
+    }
+
+    /// The hints of `endpoint` that may run now, at most `budget` (free permits), in order.
+    pub fn ready(&mut self, endpoint: EndpointId, budget: usize, now: Instant) -> Vec<Start> {
+        let limits = self.limits;
+        let mut out = Vec::new();
+        let Some(e) = self.endpoints.get_mut(&endpoint) else { return out };
+        while out.len() < budget && Self::may_run(&limits, e, now) {
+            let Some(queued) = e.waiting.pop_front() else { break };
+            self.waiting -= 1;
+            e.running += 1;
+            out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
+        }
+        if e.idle() {
+            self.endpoints.remove(&endpoint);
+        }
+        out
+    }
+
+    /// The earliest time a paused Endpoint may claim again.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        self.wakeups.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Endpoints whose pause is over (each once), to call [`Self::ready`] for.
+    pub fn woken(&mut self, now: Instant) -> Vec<EndpointId> {
+        let mut out = Vec::new();
+        while let Some(Reverse((at, endpoint))) = self.wakeups.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.wakeups.pop();
+            if let Some(e) = self.endpoints.get_mut(&endpoint) {
+                if e.paused_until.is_some_and(|until| until <= now) {
+                    e.paused_until = None;
+                    out.push(endpoint);
+                }
+            }
+        }
+        out
+    }
+
+    fn may_run(limits: &QueueLimits, e: &Endpoint, now: Instant) -> bool {
+        let slot = limits.running_per_endpoint == 0 || e.running < limits.running_per_endpoint;
+        slot && e.paused_until.is_none_or(|until| until <= now)
+    }
+
+    fn mode(limits: &QueueLimits, e: &Endpoint, now: Instant) -> ClaimMode {
+        match e.busy_since {
+            Some(since) if now.duration_since(since) >= limits.busy_max => ClaimMode::Defer,
+            _ => ClaimMode::Wait,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railhook_core::DeliveryId;
+
+    fn limits(running: usize, waiting: usize, total: usize) -> QueueLimits {
+        QueueLimits { running_per_endpoint: running, waiting_per_endpoint: waiting, waiting_total: total, busy_max: Duration::from_secs(5) }
+    }
+
+    fn hint(offset: i64) -> Queued {
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, partition: 0, offset }
+    }
+
+    #[test]
+    fn runs_up_to_the_limit_then_waits_in_order() {
+        let now = Instant::now();
+        let (a, b) = (EndpointId::new(), EndpointId::new());
+        let mut q = EndpointQueues::new(limits(2, 10, 100));
+        let started: Vec<_> = (0..5).filter_map(|o| q.offer(a, hint(o), now)).collect();
+        assert_eq!(started.iter().map(|s| s.queued.offset).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(started.iter().all(|s| s.mode == ClaimMode::Wait));
+        assert_eq!(q.waiting(), 3);
+        // Another endpoint is not held up by a's queue.
+        assert_eq!(q.offer(b, hint(9), now).map(|s| s.queued.offset), Some(9));
+        // Nothing is ready while both of a's slots are taken.
+        assert!(q.ready(a, 10, now).is_empty());
+        q.finished(a, None, now);
+        let next = q.ready(a, 10, now);
+        assert_eq!(next.iter().map(|s| s.queued.offset).collect::<Vec<_>>(), vec![2], "one slot freed, the first waiting runs");
+        q.finished(a, None, now);
+        q.finished(a, None, now);
+        assert_eq!(q.ready(a, 1, now).len(), 1, "the budget (free permits) bounds what starts");
+        assert_eq!(q.waiting(), 1);
+    }
+
+    #[test]
+    fn a_full_queue_runs_the_overflow_as_deferrals() {
+        let now = Instant::now();
+        let dead = EndpointId::new();
+        let mut q = EndpointQueues::new(limits(1, 3, 1_000));
+        let mut deferred = 0;
+        for o in 0..50_000 {
+            if let Some(s) = q.offer(dead, hint(o), now) {
+                if s.mode == ClaimMode::Defer {
+                    deferred += 1;
+                    q.finished(dead, None, now);
+                }
+            }
+        }
+        assert_eq!(q.waiting(), 3, "bounded per endpoint");
+        assert_eq!(deferred, 50_000 - 1 - 3);
+        // The total bound holds across endpoints.
+        let mut q = EndpointQueues::new(limits(1, 100, 10));
+        for i in 0..20 {
+            let e = EndpointId::new();
+            q.offer(e, hint(i), now);
+            q.offer(e, hint(i), now);
+        }
+        assert_eq!(q.waiting(), 10);
+    }
+
+    #[test]
+    fn busy_pauses_the_endpoint_then_defers_after_the_bound() {
+        let t0 = Instant::now();
+        let e = EndpointId::new();
+        let mut q = EndpointQueues::new(limits(2, 10, 100));
+        let first = q.offer(e, hint(0), t0).unwrap();
+        q.offer(e, hint(1), t0).unwrap();
+        q.finished(e, Some((first.queued, None)), t0);
+        assert_eq!(q.waiting(), 1, "the busy hint is back in the queue");
+        assert!(q.ready(e, 10, t0).is_empty(), "paused");
+        let wake = q.next_wakeup().unwrap();
+        assert!(wake > t0 && wake <= t0 + BUSY_PAUSE_MAX);
+        assert_eq!(q.woken(wake), vec![e]);
+        let again = q.ready(e, 10, wake);
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].queued.offset, 0, "the busy hint keeps its place");
+        assert_eq!(again[0].mode, ClaimMode::Wait);
+        // Busy for longer than the bound: the next claim may defer.
+        let late = t0 + Duration::from_secs(6);
+        q.finished(e, Some((again[0].queued, Some(Duration::from_millis(300)))), late);
+        assert_eq!(q.next_wakeup(), Some(late + Duration::from_millis(300)), "a rate window's pause is kept");
+        let woken = late + Duration::from_millis(300);
+        assert_eq!(q.woken(woken), vec![e]);
+        let deferred = q.ready(e, 10, woken);
+        assert_eq!(deferred[0].mode, ClaimMode::Defer);
+        // A claim that was not busy resets the bound.
+        q.finished(e, None, woken);
+        q.finished(e, None, woken);
+        assert_eq!(q.offer(e, hint(5), woken).unwrap().mode, ClaimMode::Wait);
+    }
+
+    #[test]
+    fn no_limit_means_every_hint_runs() {
+        let now = Instant::now();
+        let e = EndpointId::new();
+        let mut q = EndpointQueues::new(limits(0, 10, 100));
+        assert!((0..1_000).all(|o| q.offer(e, hint(o), now).is_some()));
+        assert_eq!(q.waiting(), 0);
+    }
+}
