@@ -255,6 +255,15 @@ pub async fn connect(url: &str) -> Result<(Client, JoinHandle<()>), StoreError> 
     DatabaseUrl::parse(url)?.connect().await
 }
 
+/// As [`connect`], shown as `application_name` in `pg_stat_activity` unless the URL names one.
+pub async fn connect_as(url: &str, application_name: &str) -> Result<(Client, JoinHandle<()>), StoreError> {
+    let mut url = DatabaseUrl::parse(url)?;
+    if url.pg.get_application_name().is_none() {
+        url.pg.application_name(application_name);
+    }
+    url.connect().await
+}
+
 /// `prefer` and `require`: encryption without authentication of the server, like libpq. The
 /// handshake signatures are still checked (against the certificate the server sent).
 #[derive(Debug)]

@@ -13,7 +13,15 @@ pub mod server;
 pub mod subscriptions;
 pub mod tenancy;
 
-pub use connection::{connect, DatabaseUrl, SslMode};
+pub use connection::{connect, connect_as, DatabaseUrl, SslMode};
 pub use error::StoreError;
 pub use migrate::{Migration, MigrationReport, Migrator};
-pub use pool::{build_pool, connect_pool, Pool};
+pub use pool::{build_pool, build_pool_as, connect_pool, connect_pool_as, Pool};
+
+/// The `application_name` of each component's Postgres connections (`pg_stat_activity`).
+pub mod application {
+    pub const API: &str = "railhook-api";
+    pub const RELAY: &str = "railhook-relay";
+    pub const WORKER: &str = "railhook-worker";
+    pub const CLI: &str = "railhook-cli";
+}

@@ -73,7 +73,7 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
 
 fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, WorkerError> {
     let w = &config.worker;
-    let pool = railhook_store::build_pool(&config.database).map_err(|e| WorkerError::misconfigured("database", e))?;
+    let pool = railhook_store::build_pool_as(&config.database, railhook_store::application::WORKER).map_err(|e| WorkerError::misconfigured("database", e))?;
     let sender = http::Sender::from_config(&config.network)?;
     let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight);
     let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };

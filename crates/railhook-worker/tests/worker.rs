@@ -541,6 +541,20 @@ async fn concurrency_limits_hold_across_two_workers_and_spend_no_attempt() {
     sys.stop().await;
 }
 
+/// Every worker connection names itself, so an operator can tell its load apart in
+/// `pg_stat_activity`.
+#[tokio::test]
+async fn the_worker_connections_show_their_application_name() {
+    let (_receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|_| {}).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/named")], &spec(&[1], 3, 10)).await;
+    let d = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    sys.wait_status(&d, "SUCCESS", Duration::from_secs(30)).await;
+    let named = count(&sys.client, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'railhook-worker'").await;
+    assert!(named >= 1, "no connection named railhook-worker");
+    sys.stop().await;
+}
+
 /// A hot endpoint under its concurrency limit: every Delivery waits in the worker's queue
 /// for a free slot, never more than the limit at once at the receiver, and not one Deferral.
 #[tokio::test]

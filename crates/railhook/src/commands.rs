@@ -13,7 +13,7 @@ use railhook_telemetry::{Metrics, Ops, ReadyCheck};
 use tokio_util::sync::CancellationToken;
 
 async fn connect(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, _connection) = railhook_store::connect(&config.database.url)
+    let (client, _connection) = railhook_store::connect_as(&config.database.url, railhook_store::application::CLI)
         .await
         .with_context(|| format!("connecting to {}", railhook_config::redact_url(&config.database.url)))?;
     Ok(client)
@@ -82,7 +82,7 @@ fn cancel_on_signal(token: CancellationToken) {
 }
 
 async fn api_state(config: Config, metrics: Metrics) -> anyhow::Result<railhook_api::AppState> {
-    let pool = railhook_store::connect_pool(&config.database)
+    let pool = railhook_store::connect_pool_as(&config.database, railhook_store::application::API)
         .await
         .with_context(|| format!("connecting to {}", railhook_config::redact_url(&config.database.url)))?;
     Ok(railhook_api::AppState::new(Arc::new(config), pool, metrics))
