@@ -91,6 +91,14 @@ pub struct ApiConfig {
     pub body_read_timeout_ms: u64,
     /// Connections served at once; further ones wait in the listen backlog until one closes.
     pub max_connections: usize,
+    /// After an early refusal that leaves a request's body unread (413 by `Content-Length`,
+    /// 401, 415), how long the server keeps reading and throwing away the rest of the body
+    /// before it closes (a lingering close, as nginx's): closing at once would reset a client
+    /// still sending, and it would never see the response. 0 disables lingering.
+    pub linger_timeout_ms: u64,
+    /// How many bytes of such a body the lingering close throws away at most; then it closes.
+    /// 0 disables lingering.
+    pub linger_max_bytes: u64,
     /// Grace period during which a rotated-out endpoint secret still signs deliveries.
     pub secret_rotation_grace_seconds: u64,
 }
@@ -165,6 +173,9 @@ pub struct WorkerConfig {
     /// How long an Endpoint's claims may find its slots or rate window taken elsewhere
     /// (another worker, the project's limit) before its waiting hints become Deferrals.
     pub queue_busy_max_ms: u64,
+    /// Ordered Subscriptions: how long a Delivery parked behind an unresolved predecessor
+    /// waits (from its first park) before it goes without it.
+    pub ordering_gap_timeout_seconds: u64,
     /// Claims per second per project (0: no limit); per endpoint, the endpoint's
     /// `rate_limit_per_second` applies.
     pub project_rate_limit_per_second: i32,
@@ -248,6 +259,11 @@ impl Default for ApiConfig {
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 30_000,
             max_connections: 1024,
+            // nginx lingers 5 s after the last byte (lingering_timeout) and 30 s in all
+            // (lingering_time); 5 s in all covers a few MiB over a slow link. 4 MiB lets a
+            // client that sends up to about 4 times max_body_bytes read its 413.
+            linger_timeout_ms: 5_000,
+            linger_max_bytes: 4 * 1024 * 1024,
             secret_rotation_grace_seconds: 24 * 3600,
         }
     }
@@ -288,6 +304,7 @@ impl Default for WorkerConfig {
             endpoint_queue_max: 10_000,
             queue_max: 100_000,
             queue_busy_max_ms: 5_000,
+            ordering_gap_timeout_seconds: 60,
             project_rate_limit_per_second: 0,
             circuit_failure_ratio: 0.5,
             circuit_min_requests: 20,
@@ -435,6 +452,12 @@ impl Config {
         }
         if self.api.max_connections == 0 {
             problems.push("api.max_connections must be at least 1 (1024 is the default)".into());
+        }
+        if self.api.linger_timeout_ms > 600_000 {
+            problems.push(format!("api.linger_timeout_ms is {}: it must be between 0 (no lingering) and 600000 (5000 is the default)", self.api.linger_timeout_ms));
+        }
+        if self.api.linger_max_bytes > 1 << 40 {
+            problems.push(format!("api.linger_max_bytes is {}: it must be between 0 (no lingering) and 1099511627776 (4194304 is the default)", self.api.linger_max_bytes));
         }
         if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
             problems.push("api.admin_token is shorter than 16 characters: use a long random value (e.g. `openssl rand -hex 24`)".into());
@@ -659,6 +682,28 @@ mod tests {
         }
         let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_API__MAX_CONNECTIONS", "8")]), &Overrides::default()).unwrap();
         assert_eq!((ok.api.max_connections, ok.api.header_read_timeout_ms, ok.api.body_read_timeout_ms), (8, 10_000, 30_000));
+        assert_eq!((ok.api.linger_timeout_ms, ok.api.linger_max_bytes), (5_000, 4 << 20));
+    }
+
+    #[test]
+    fn lingering_bounds_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__LINGER_TIMEOUT_MS", "600001"), ("RAILHOOK_API__LINGER_MAX_BYTES", "1099511627777")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["api.linger_timeout_ms is 600001", "api.linger_max_bytes is 1099511627777"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let off = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__LINGER_TIMEOUT_MS", "0"), ("RAILHOOK_API__LINGER_MAX_BYTES", "0")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!((off.api.linger_timeout_ms, off.api.linger_max_bytes), (0, 0));
     }
 
     #[test]

@@ -44,8 +44,15 @@ pub struct Delivery {
     pub timeout_seconds: i32,
     /// When the next Attempt is due; null: as soon as announced.
     pub next_retry_at: Option<DateTime<Utc>>,
+    /// Ordered Subscriptions: the Endpoint-scoped Sequence Number (`X-Sequence-Number`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sequence_number: Option<i64>,
+    /// Ordered Subscriptions: whether the Delivery waits in the Ordering Buffer for the
+    /// Delivery with the previous Sequence Number.
+    pub parked: bool,
+    /// Since when it is parked (its first park; the gap timeout counts from it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parked_since: Option<DateTime<Utc>>,
     /// The Delivery this one replays, for a Replay.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
@@ -65,7 +72,8 @@ macro_rules! delivery_columns {
     () => {
         "d.id, d.event_id, e.event_type, d.endpoint_id, d.subscription_id, d.status::text, d.attempt_count,
          d.max_attempts, d.retry_delays, d.timeout_seconds, d.next_retry_at, d.sequence_number, d.replay_of,
-         d.last_error, d.ladder_started_at, d.created_at, d.updated_at, d.completed_at"
+         d.last_error, d.ladder_started_at, d.created_at, d.updated_at, d.completed_at,
+         CASE WHEN d.status = 'PENDING' THEN d.parked_at END"
     };
 }
 pub(crate) use delivery_columns;
@@ -95,6 +103,8 @@ pub(crate) fn delivery_from(r: &Row, at: usize) -> Result<Delivery, StoreError> 
         created_at: r.get(at + 15),
         updated_at: r.get(at + 16),
         completed_at: r.get(at + 17),
+        parked: r.get::<_, Option<DateTime<Utc>>>(at + 18).is_some(),
+        parked_since: r.get(at + 18),
     })
 }
 

@@ -36,10 +36,16 @@ pub struct Endpoint {
     pub headers: EndpointHeaders,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// Ordered Subscriptions: the last Sequence Number handed out to this Endpoint.
+    pub last_sequence: i64,
+    /// Ordered Subscriptions: the cursor, the highest Sequence Number that ended (delivered or
+    /// in Failed Messages); it only moves forward.
+    pub ordering_cursor: i64,
 }
 
 /// The columns [`endpoint_from`] reads, in its order.
-const ENDPOINT_COLUMNS: &str = "id, url, description, enabled, rate_limit_per_second, headers, created_at, updated_at";
+const ENDPOINT_COLUMNS: &str = "id, url, description, enabled, rate_limit_per_second, headers, created_at, updated_at, last_sequence,
+    coalesce((SELECT o.cursor FROM endpoint_ordering o WHERE o.endpoint_id = id), 0)";
 
 fn endpoint_from(r: &Row) -> Endpoint {
     Endpoint {
@@ -51,6 +57,8 @@ fn endpoint_from(r: &Row) -> Endpoint {
         headers: r.get::<_, Json<EndpointHeaders>>(5).0,
         created_at: r.get(6),
         updated_at: r.get(7),
+        last_sequence: r.get(8),
+        ordering_cursor: r.get(9),
     }
 }
 

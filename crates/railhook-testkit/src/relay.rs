@@ -156,11 +156,13 @@ pub struct SubscriptionSpec {
     pub max_attempts: i16,
     pub timeout_seconds: i16,
     pub retry_delays: Option<Vec<i32>>,
+    /// Ordered delivery (DESIGN.md 6.5).
+    pub ordering: bool,
 }
 
 impl Default for SubscriptionSpec {
     fn default() -> Self {
-        SubscriptionSpec { max_attempts: 5, timeout_seconds: 30, retry_delays: None }
+        SubscriptionSpec { max_attempts: 5, timeout_seconds: 30, retry_delays: None, ordering: false }
     }
 }
 
@@ -197,7 +199,7 @@ impl Fixture {
             let sub = subs::NewSubscription {
                 endpoint_id: endpoint.id,
                 event_type_pattern: "**",
-                ordering: false,
+                ordering: spec.ordering,
                 max_attempts: spec.max_attempts,
                 timeout_seconds: spec.timeout_seconds,
                 retry_delays: spec.retry_delays.as_deref(),

@@ -125,7 +125,7 @@ enum TaskEvent {
     Claimed { partition: i32, offset: i64 },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
-    Finished { endpoint: EndpointId, place: (i32, i64), busy: Option<(queues::Queued, Option<Duration>)> },
+    Finished { endpoint: EndpointId, place: Option<(i32, i64)>, busy: Option<(queues::Queued, Option<Duration>)>, released: Option<railhook_core::DeliveryId> },
 }
 
 /// The consume loop's state: the Kafka consumer's offsets, the per-Endpoint queues and the
@@ -153,7 +153,7 @@ impl Consuming<'_> {
         // The relay keys every Delivery announcement by its Endpoint; a message without a
         // usable key shares one queue with the others like it.
         let endpoint = message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(EndpointId(uuid::Uuid::nil()));
-        let queued = queues::Queued { hint, partition, offset };
+        let queued = queues::Queued { hint, place: Some((partition, offset)) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
         }
@@ -163,12 +163,25 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
-            TaskEvent::Finished { endpoint, place: (partition, offset), busy } => {
-                if busy.is_none() {
+            TaskEvent::Finished { endpoint, place, busy, released } => {
+                if let (None, Some((partition, offset))) = (&busy, place) {
                     self.offsets.done(partition, offset);
                 }
                 let now = tokio::time::Instant::now();
                 self.queues.finished(endpoint, busy, now);
+                if let Some(delivery) = released {
+                    // The ordered successor this Attempt's finalise released: claimed now,
+                    // in the same Endpoint's queue (it has no Kafka offset of its own).
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None }, place: None };
+                    if let Some(start) = self.queues.offer(endpoint, queued, now) {
+                        if self.permits.available_permits() > 0 {
+                            self.start(start);
+                        } else {
+                            // No permit: the scheduler announces it (it is due now).
+                            self.queues.finished(endpoint, None, now);
+                        }
+                    }
+                }
                 self.pump(endpoint, now);
             }
         }
@@ -248,23 +261,25 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     let notify = move || {
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
-        let _ = claimed_events.try_send(TaskEvent::Claimed { partition: queued.partition, offset: queued.offset });
+        if let Some((partition, offset)) = queued.place {
+            let _ = claimed_events.try_send(TaskEvent::Claimed { partition, offset });
+        }
     };
-    let busy = match runner.run(queued.hint, mode, notify, hard_stop).await {
-        Ok(runner::Ran::Busy(pause)) => Some((queued, pause)),
-        Ok(ran) => {
-            tracing::debug!(%delivery, ?ran, "announcement handled");
-            None
+    let (busy, released) = match runner.run(queued.hint, mode, notify, hard_stop).await {
+        Ok(runner::Outcome { ran: runner::Ran::Busy(pause), .. }) => (Some((queued, pause)), None),
+        Ok(outcome) => {
+            tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
+            (None, outcome.released)
         }
         // The hint is dropped; the Delivery stays as it was and the sweeps find it
         // (PROCESSING after 5 min, PENDING after an hour).
         Err(e) => {
             tracing::warn!(error = %error::chain(&e), %delivery, "announcement failed");
-            None
+            (None, None)
         }
     };
     runner.metrics.in_flight.dec();
-    let _ = events.send(TaskEvent::Finished { endpoint, place: (queued.partition, queued.offset), busy }).await;
+    let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released }).await;
 }
 
 /// No more messages; Attempts in flight get the grace period, then are cut short (their
@@ -275,9 +290,10 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
     tokio::pin!(grace);
     let mut cut = false;
     let record = |event: TaskEvent, offsets: &mut Offsets<'_>| match event {
-        TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: (partition, offset), busy: None, .. } => offsets.done(partition, offset),
-        // A hint given back while stopping stays unclaimed: its offset is not stored.
-        TaskEvent::Finished { busy: Some(_), .. } => {}
+        TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: Some((partition, offset)), busy: None, .. } => offsets.done(partition, offset),
+        // A hint given back while stopping stays unclaimed: its offset is not stored. A
+        // released successor not claimed now is due: the scheduler announces it.
+        TaskEvent::Finished { .. } => {}
     };
     while !tasks.is_empty() {
         tokio::select! {
@@ -346,6 +362,7 @@ async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: Wo
                     Ok(g) => {
                         metrics.queue_depth.set(g.due);
                         metrics.oldest_pending_age.set(g.oldest_due_age_s);
+                        metrics.ordering_parked.set(g.parked);
                     }
                     Err(e) => tracing::debug!(error = %e, "queue gauges"),
                 }

@@ -21,6 +21,16 @@ pub struct WorkerMetrics {
     /// Claims in the waiting mode that found a limit taken and went back to their Endpoint's
     /// queue, by the limit.
     pub claims_busy: IntCounterVec,
+    /// Ordered Deliveries that went without their predecessor after the gap timeout.
+    pub ordering_gap_timeouts: IntCounter,
+    /// Ordered Deliveries that ended (SUCCESS or Failed Messages), advancing their cursor.
+    pub ordering_cursor_advances: IntCounter,
+    /// Parked Deliveries released at once by their predecessor's finalise.
+    pub ordering_released: IntCounter,
+    /// From a Delivery's first park to its claim, seconds.
+    pub ordering_parked_seconds: Histogram,
+    /// Deliveries parked in the Ordering Buffer now (sampled with the queue gauges).
+    pub ordering_parked: IntGauge,
     /// Hints waiting in the per-Endpoint queues, and the bound.
     pub queue_waiting: IntGauge,
     pub queue_waiting_max: IntGauge,
@@ -59,6 +69,15 @@ impl WorkerMetrics {
             claims_unseen: counter("railhook_worker_claims_unseen_total", "Claims that did not see their Delivery yet (announced before its commit was visible) and were made again."),
             fence_lost: counter("railhook_worker_fence_lost_total", "Finalises that found their Claim gone (the Delivery was swept)."),
             deferrals: IntCounterVec::new(Opts::new("railhook_worker_deferrals_total", "Claims released without spending an Attempt, by reason."), &["reason"]).expect("valid metric"),
+            ordering_gap_timeouts: counter("railhook_ordering_gap_timeout_total", "Ordered Deliveries sent without their predecessor once the gap timeout was over."),
+            ordering_cursor_advances: counter("railhook_ordering_cursor_advances_total", "Ordered Deliveries that ended (delivered or Failed Messages), advancing their Endpoint's cursor."),
+            ordering_released: counter("railhook_ordering_released_total", "Parked Deliveries released at once by the finalise of their predecessor."),
+            ordering_parked_seconds: Histogram::with_opts(
+                HistogramOpts::new("railhook_ordering_parked_seconds", "From an ordered Delivery's first park to its claim.")
+                    .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
+            )
+            .expect("valid metric"),
+            ordering_parked: IntGauge::new("railhook_ordering_parked", "Deliveries parked in the Ordering Buffer (PENDING behind an unresolved predecessor).").expect("valid metric"),
             claims_busy: IntCounterVec::new(Opts::new("railhook_worker_claims_busy_total", "Claims that found a concurrency or rate limit taken and waited in their Endpoint's queue, by limit."), &["reason"]).expect("valid metric"),
             queue_waiting: IntGauge::new("railhook_worker_queue_waiting", "Hints waiting in the worker's per-Endpoint queues for a free slot.").expect("valid metric"),
             queue_waiting_max: IntGauge::new("railhook_worker_queue_waiting_max", "The bound of hints waiting in all the per-Endpoint queues (worker.queue_max).").expect("valid metric"),
@@ -89,6 +108,11 @@ impl WorkerMetrics {
         registry.register(Box::new(self.fence_lost.clone()))?;
         registry.register(Box::new(self.deferrals.clone()))?;
         registry.register(Box::new(self.claims_busy.clone()))?;
+        registry.register(Box::new(self.ordering_gap_timeouts.clone()))?;
+        registry.register(Box::new(self.ordering_cursor_advances.clone()))?;
+        registry.register(Box::new(self.ordering_released.clone()))?;
+        registry.register(Box::new(self.ordering_parked_seconds.clone()))?;
+        registry.register(Box::new(self.ordering_parked.clone()))?;
         registry.register(Box::new(self.queue_waiting.clone()))?;
         registry.register(Box::new(self.queue_waiting_max.clone()))?;
         registry.register(Box::new(self.circuit_changes.clone()))?;

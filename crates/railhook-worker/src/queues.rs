@@ -65,12 +65,12 @@ impl QueueLimits {
     }
 }
 
-/// A hint with its place in Kafka (its offset is stored once its claim step is over).
+/// A hint with its place in Kafka (partition, offset: stored once its claim step is over);
+/// none for a hint the worker made itself (an ordered successor its finalise released).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Queued {
     pub hint: Hint,
-    pub partition: i32,
-    pub offset: i64,
+    pub place: Option<(i32, i64)>,
 }
 
 /// A hint to run now, in this claim mode.
@@ -232,7 +232,7 @@ mod tests {
     }
 
     fn hint(offset: i64) -> Queued {
-        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, partition: 0, offset }
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, place: Some((0, offset)) }
     }
 
     #[test]
@@ -241,16 +241,16 @@ mod tests {
         let (a, b) = (EndpointId::new(), EndpointId::new());
         let mut q = EndpointQueues::new(limits(2, 10, 100));
         let started: Vec<_> = (0..5).filter_map(|o| q.offer(a, hint(o), now)).collect();
-        assert_eq!(started.iter().map(|s| s.queued.offset).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(started.iter().map(|s| s.queued.place.unwrap().1).collect::<Vec<_>>(), vec![0, 1]);
         assert!(started.iter().all(|s| s.mode == ClaimMode::Wait));
         assert_eq!(q.waiting(), 3);
         // Another endpoint is not held up by a's queue.
-        assert_eq!(q.offer(b, hint(9), now).map(|s| s.queued.offset), Some(9));
+        assert_eq!(q.offer(b, hint(9), now).map(|s| s.queued.place.unwrap().1), Some(9));
         // Nothing is ready while both of a's slots are taken.
         assert!(q.ready(a, 10, now).is_empty());
         q.finished(a, None, now);
         let next = q.ready(a, 10, now);
-        assert_eq!(next.iter().map(|s| s.queued.offset).collect::<Vec<_>>(), vec![2], "one slot freed, the first waiting runs");
+        assert_eq!(next.iter().map(|s| s.queued.place.unwrap().1).collect::<Vec<_>>(), vec![2], "one slot freed, the first waiting runs");
         q.finished(a, None, now);
         q.finished(a, None, now);
         assert_eq!(q.ready(a, 1, now).len(), 1, "the budget (free permits) bounds what starts");
@@ -298,7 +298,7 @@ mod tests {
         assert_eq!(q.woken(wake), vec![e]);
         let again = q.ready(e, 10, wake);
         assert_eq!(again.len(), 1);
-        assert_eq!(again[0].queued.offset, 0, "the busy hint keeps its place");
+        assert_eq!(again[0].queued.place.unwrap().1, 0, "the busy hint keeps its place");
         assert_eq!(again[0].mode, ClaimMode::Wait);
         // Busy for longer than the bound: the next claim may defer.
         let late = t0 + Duration::from_secs(6);

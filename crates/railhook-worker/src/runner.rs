@@ -30,6 +30,20 @@ use crate::ladder::{self, Step};
 use crate::metrics::WorkerMetrics;
 use crate::queues::ClaimMode;
 
+/// How a hint's task ended, and the parked successor its finalise released (ordering), which
+/// the consume loop claims at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub ran: Ran,
+    pub released: Option<railhook_core::DeliveryId>,
+}
+
+impl From<Ran> for Outcome {
+    fn from(ran: Ran) -> Outcome {
+        Outcome { ran, released: None }
+    }
+}
+
 /// How an announcement ended, for the metrics and the tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ran {
@@ -212,30 +226,37 @@ impl Runner {
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
     /// `claimed_tx`: the hint is not done with, its offset stays pending.
-    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Ran, WorkerError> {
+    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let claimed = self.claim(hint, mode, &hard_stop).await;
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
-            return Ok(Ran::Busy(rate_window_left(*reason)));
+            return Ok(Ran::Busy(rate_window_left(*reason)).into());
         }
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
         claimed_tx();
         let claimed = match claimed? {
             Some(ClaimResult::Claimed(c)) => *c,
-            None => return Ok(Ran::NothingClaimed),
+            None => return Ok(Ran::NothingClaimed.into()),
             Some(ClaimResult::Nothing | ClaimResult::Missing) => {
                 self.metrics.claims_lost.inc();
-                return Ok(Ran::NothingClaimed);
+                return Ok(Ran::NothingClaimed.into());
             }
             Some(ClaimResult::Busy(_)) => unreachable!("answered above"),
             Some(ClaimResult::Deferred(reason)) => {
                 // Invariant 4: released before any Attempt (the row never left PENDING).
                 self.metrics.deferrals.with_label_values(&[reason.as_str()]).inc();
-                return Ok(Ran::Deferred);
+                return Ok(Ran::Deferred.into());
             }
         };
         self.metrics.claims_won.inc();
+        if claimed.gap_timeout {
+            tracing::info!(delivery = %claimed.id, sequence = ?claimed.sequence_number, "ordering gap timeout: sent without its predecessor");
+            self.metrics.ordering_gap_timeouts.inc();
+        }
+        if let Some(parked) = claimed.parked_at {
+            self.metrics.ordering_parked_seconds.observe((Utc::now() - parked).to_std().unwrap_or_default().as_secs_f64());
+        }
         self.attempt(claimed, &hard_stop).await
     }
 
@@ -275,7 +296,7 @@ impl Runner {
     }
 
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: Claimed, hard_stop: &CancellationToken) -> Result<Ran, WorkerError> {
+    async fn attempt(&self, claimed: Claimed, hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
         let request = self.request(&claimed);
         // Invariant 1: nothing but the HTTP request in this future.
         let outcome = tokio::select! {
@@ -283,7 +304,7 @@ impl Runner {
             _ = hard_stop.cancelled() => {
                 let client = connection(&self.pool).await?;
                 lifecycle::release(&client, claimed.id, claimed.token, None).await.map_err(|e| WorkerError::postgres("release", e))?;
-                return Ok(Ran::Released);
+                return Ok(Ran::Released.into());
             }
         };
         let verdict = http::classify(&outcome);
@@ -302,13 +323,19 @@ impl Runner {
         if !finalised.wrote {
             // Invariant 2: no successor without the Claim.
             self.metrics.fence_lost.inc();
-            return Ok(Ran::FenceLost);
+            return Ok(Ran::FenceLost.into());
         }
         if ran == Ran::Delivered {
             let latency = (Utc::now() - claimed.event_created_at).to_std().unwrap_or_default();
             self.metrics.delivery_latency.observe(latency.as_secs_f64());
         }
-        Ok(ran)
+        if claimed.sequence_number.is_some() && matches!(ran, Ran::Delivered | Ran::Failed) {
+            self.metrics.ordering_cursor_advances.inc();
+        }
+        if finalised.released.is_some() {
+            self.metrics.ordering_released.inc();
+        }
+        Ok(Outcome { ran, released: finalised.released })
     }
 
     /// What the finalise writes on the Delivery after `verdict`: the ladder's next step.

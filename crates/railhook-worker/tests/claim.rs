@@ -10,7 +10,7 @@ use railhook_store::lifecycle::{self as store, ClaimRequest, ClaimResult, Limits
 use uuid::Uuid;
 
 fn limits(endpoint: i32, project: i32) -> Limits {
-    Limits { endpoint_concurrency: endpoint, project_concurrency: project, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0 }
+    Limits { endpoint_concurrency: endpoint, project_concurrency: project, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0 }
 }
 
 fn first(delivery: &str) -> ClaimRequest {

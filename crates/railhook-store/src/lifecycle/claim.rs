@@ -31,6 +31,10 @@ pub struct Claimed {
     pub headers: serde_json::Value,
     /// Current secret first, then unexpired rotated ones.
     pub secrets: Vec<String>,
+    /// When the Ordering Buffer first parked it (ordered Deliveries only).
+    pub parked_at: Option<DateTime<Utc>>,
+    /// Claimed without its predecessor: the ordering gap timeout was over.
+    pub gap_timeout: bool,
 }
 
 /// The Attempt's details, read once the claim succeeded (by id and the new token).
@@ -41,7 +45,7 @@ SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_att
        ARRAY(SELECT s.secret FROM endpoint_secrets s
              WHERE s.endpoint_id = c.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
              ORDER BY s.expires_at IS NULL DESC, s.created_at DESC),
-       c.claim_token
+       c.claim_token, c.parked_at
 FROM unnest($1::uuid[], $2::uuid[]) AS want (id, token)
 JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
 JOIN events e ON e.id = c.event_id
@@ -55,6 +59,8 @@ pub struct Limits {
     pub project_rate: i32,
     pub circuit_cooldown_s: f64,
     pub probe_timeout_s: f64,
+    /// The ordering gap timeout: how long a parked Delivery waits for its predecessor.
+    pub ordering_gap_s: f64,
 }
 
 impl Limits {
@@ -65,6 +71,7 @@ impl Limits {
             project_rate: w.project_rate_limit_per_second,
             circuit_cooldown_s: w.circuit_cooldown_seconds as f64,
             probe_timeout_s: w.processing_timeout_seconds as f64,
+            ordering_gap_s: w.ordering_gap_timeout_seconds as f64,
         }
     }
 }
@@ -111,14 +118,16 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
     if requests.is_empty() {
         return Ok(Vec::new());
     }
-    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)").await?;
+    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)").await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
     let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
     let hints: Vec<Option<ClaimToken>> = requests.iter().map(|r| r.hint).collect();
     let waits: Vec<bool> = requests.iter().map(|r| r.wait).collect();
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] =
-        [&deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate, &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits];
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+        &deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate,
+        &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits, &limits.ordering_gap_s,
+    ];
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
     // Both sent before either answer arrives (tokio-postgres pipelines queries polled
     // together, in the order polled); each is its own implicit transaction, so the read
@@ -135,7 +144,13 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
             "missing" => ClaimResult::Missing,
             // Claimed and read back; a row gone between the two statements (swept) claims
             // nothing.
-            "claimed" => claimed.remove(&requests[i].token).map_or(ClaimResult::Nothing, |c| ClaimResult::Claimed(Box::new(c))),
+            "claimed" | "claimed:gap" => match claimed.remove(&requests[i].token) {
+                Some(mut c) => {
+                    c.gap_timeout = outcome == "claimed:gap";
+                    ClaimResult::Claimed(Box::new(c))
+                }
+                None => ClaimResult::Nothing,
+            },
             other => match other.strip_prefix("busy:").unwrap_or(other).parse::<DeferralReason>() {
                 Ok(reason) if other.starts_with("busy:") => ClaimResult::Busy(reason),
                 Ok(reason) => ClaimResult::Deferred(reason),
@@ -170,5 +185,7 @@ fn claimed_row(r: &tokio_postgres::Row) -> Claimed {
         enabled: r.get(14),
         headers: r.get(15),
         secrets: r.get(16),
+        parked_at: r.get(18),
+        gap_timeout: false,
     }
 }

@@ -57,6 +57,9 @@ pub struct AttemptRecord {
 pub struct Finalised {
     pub wrote: bool,
     pub circuit: Option<CircuitChange>,
+    /// The parked successor this finalise released (ordered Deliveries): the caller claims
+    /// it at once.
+    pub released: Option<DeliveryId>,
 }
 
 /// One Attempt's finalise: the Claim it was made under, what to write on the Delivery, the
@@ -129,7 +132,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
     let healthy: Vec<bool> = sorted.iter().map(|r| r.healthy).collect();
     let statement = db
         .prepare_cached(
-            "SELECT idx, wrote, circuit FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+            "SELECT idx, wrote, circuit, released FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
         )
         .await?;
     let rows = db
@@ -142,7 +145,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
             ],
         )
         .await?;
-    let mut out = vec![Finalised { wrote: false, circuit: None }; requests.len()];
+    let mut out = vec![Finalised { wrote: false, circuit: None, released: None }; requests.len()];
     for row in rows {
         let Some(at) = usize::try_from(row.get::<_, i32>(0)).ok().and_then(|i| i.checked_sub(1)).and_then(|i| order.get(i)) else { continue };
         let circuit = row.get::<_, Option<&str>>(2).and_then(|c| match c.parse::<CircuitChange>() {
@@ -152,7 +155,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
                 None
             }
         });
-        out[*at] = Finalised { wrote: row.get(1), circuit };
+        out[*at] = Finalised { wrote: row.get(1), circuit, released: row.get(3) };
     }
     Ok(out)
 }

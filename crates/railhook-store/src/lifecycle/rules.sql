@@ -19,6 +19,9 @@
 -- Admission, in this order; the first that applies is the Deferral's reason, and the
 -- Delivery stays PENDING, due again at the time given, with no Attempt spent:
 --   endpoint_disabled     the endpoint is disabled              60 s
+--   ordering              ordered, and the Delivery with the    until parked_at + p_gap_s
+--                         previous Sequence Number of the
+--                         Endpoint is PENDING or PROCESSING
 --   circuit_open          open and cooling down                 until the cool-down ends
 --   circuit_half_open     a probe is in flight                  1 s
 --   endpoint_concurrency  PROCESSING >= p_endpoint_concurrency  1 s
@@ -33,12 +36,20 @@
 --
 -- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
 -- is not visible yet: see below), 'busy:<reason>', or the Deferral's reason.
+--
+-- The Ordering Buffer (DESIGN.md 6.5): a Delivery with a Sequence Number whose predecessor
+-- (the same Endpoint's Delivery numbered one less) is unresolved is parked: a Deferral that
+-- sets parked_at on the first park and is due again at parked_at + p_gap_s. The finalise
+-- that resolves the predecessor releases it at once (railhook_finalise_batch). Once the gap
+-- timeout is over it goes without a predecessor that is PENDING on its own ladder: outcome
+-- 'claimed:gap'. A predecessor in flight or itself parked is always waited for.
 DROP FUNCTION IF EXISTS railhook_claim_batch(uuid[], uuid[], uuid[], integer, integer, integer, double precision, double precision);
+DROP FUNCTION IF EXISTS railhook_claim_batch(uuid[], uuid[], uuid[], integer, integer, integer, double precision, double precision, boolean[]);
 CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
     p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
     p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
-    p_wait boolean[]
+    p_wait boolean[], p_gap_s double precision
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -53,6 +64,9 @@ DECLARE
     n integer;
     defer_until timestamptz;
     reason text;
+    gap boolean;
+    pred_status delivery_status;
+    pred_parked timestamptz;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -86,7 +100,7 @@ BEGIN
         ep_enabled := NULL;
         -- A fresh snapshot (VOLATILE, READ COMMITTED): sees every claim committed before the
         -- locks were granted and the earlier claims of this batch.
-        SELECT dl.id, dl.project_id, dl.endpoint_id INTO d FROM deliveries dl
+        SELECT dl.id, dl.project_id, dl.endpoint_id, dl.sequence_number, dl.parked_at INTO d FROM deliveries dl
         WHERE dl.id = p_deliveries[i] AND dl.status = 'PENDING'
           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i];
@@ -118,6 +132,27 @@ BEGIN
         IF ep_enabled IS DISTINCT FROM true THEN
             reason := 'endpoint_disabled';
             defer_until := now() + interval '60 seconds';
+        END IF;
+
+        -- The Ordering Buffer. A predecessor in flight (PROCESSING) or itself parked is
+        -- waited for without a gap timeout: it ends (or is swept back) and its finalise
+        -- releases this one, so the gap timeout fires once, behind the Delivery that is
+        -- really stuck (PENDING on its own retry ladder), not along the chain behind it.
+        gap := false;
+        IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
+            SELECT p.status, p.parked_at INTO pred_status, pred_parked FROM deliveries p
+            WHERE p.endpoint_id = d.endpoint_id AND p.sequence_number = d.sequence_number - 1;
+            IF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
+                reason := 'ordering';
+                defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
+            ELSIF FOUND AND pred_status = 'PENDING' THEN
+                IF d.parked_at IS NULL OR now() < d.parked_at + make_interval(secs => p_gap_s) THEN
+                    reason := 'ordering';
+                    defer_until := coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s);
+                ELSE
+                    gap := true;
+                END IF;
+            END IF;
         END IF;
 
         -- The circuit.
@@ -176,7 +211,8 @@ BEGIN
         END IF;
         IF reason IS NOT NULL THEN
             -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
-            UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now()
+            UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now(),
+                                  parked_at = CASE WHEN reason = 'ordering' THEN coalesce(parked_at, now()) ELSE parked_at END
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
             idx := i; outcome := CASE WHEN FOUND THEN reason ELSE 'none' END; RETURN NEXT;
             CONTINUE;
@@ -209,7 +245,7 @@ BEGIN
         ELSIF c_state = 'half_open' THEN
             UPDATE endpoint_circuits SET probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
         END IF;
-        idx := i; outcome := 'claimed'; RETURN NEXT;
+        idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
 END
 $$;
@@ -222,17 +258,29 @@ $$;
 -- endpoint's circuit. The caller sorts the batch by endpoint, so finalise batches lock
 -- circuit rows in one order. The Attempt id comes from the caller, so a finalise made again
 -- after a lost reply inserts nothing twice. Returns per element its 1-based index, whether
--- the fence held, and the circuit's change (railhook_circuit_record) or NULL.
+-- the fence held, the circuit's change (railhook_circuit_record) or NULL, and the Delivery
+-- the Ordering Buffer released (or NULL).
+--
+-- Ordering: a Delivery with a Sequence Number that ends (SUCCESS or Failed Messages)
+-- advances its Endpoint's cursor (never backwards) and releases its parked successor at once:
+-- due now, unclaimed, so the worker that finalised claims it right away (and, should that
+-- worker die first, the retry scheduler announces it).
+DROP FUNCTION IF EXISTS railhook_finalise_batch(uuid[], uuid[], text[], timestamptz[], text[], uuid[], uuid[], integer[],
+    timestamptz[], integer[], integer[], text[], text[], jsonb[], text[], boolean[], uuid[], boolean[],
+    double precision, integer, double precision);
 CREATE OR REPLACE FUNCTION railhook_finalise_batch(
     p_deliveries uuid[], p_tokens uuid[], p_statuses text[], p_retry_at timestamptz[], p_last_errors text[],
     p_attempt_ids uuid[], p_projects uuid[], p_numbers integer[], p_started timestamptz[], p_durations integer[],
     p_codes integer[], p_results text[], p_errors text[], p_headers jsonb[], p_bodies text[], p_truncated boolean[],
     p_endpoints uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
-) RETURNS TABLE (idx integer, wrote boolean, circuit text)
+) RETURNS TABLE (idx integer, wrote boolean, circuit text, released uuid)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     fenced integer[];
+    ended record;
+    freed uuid[] := '{}';
+    rel uuid;
     n integer := coalesce(cardinality(p_deliveries), 0);
 BEGIN
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
@@ -257,6 +305,25 @@ BEGIN
         RETURNING i.n
     )
     SELECT coalesce(array_agg(done.n::integer), '{}') INTO fenced FROM done;
+    freed := array_fill(NULL::uuid, ARRAY[n]);
+
+    -- Ordering: cursors and releases, for the ended Deliveries that carry a Sequence Number.
+    FOR ended IN
+        SELECT t.n, d.endpoint_id, d.sequence_number
+        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
+        JOIN deliveries d ON d.id = t.delivery
+        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL AND d.status IN ('SUCCESS', 'FAILED')
+        ORDER BY d.endpoint_id, d.sequence_number
+    LOOP
+        INSERT INTO endpoint_ordering AS o (endpoint_id, cursor) VALUES (ended.endpoint_id, ended.sequence_number)
+        ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
+        WHERE o.cursor < excluded.cursor;
+        UPDATE deliveries s SET next_retry_at = now(), updated_at = now()
+        WHERE s.endpoint_id = ended.endpoint_id AND s.sequence_number = ended.sequence_number + 1
+          AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
+        RETURNING s.id INTO rel;
+        freed[ended.n] := rel;
+    END LOOP;
 
     INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
                           result, error_message, response_headers, response_body, response_truncated)
@@ -273,6 +340,7 @@ BEGIN
         circuit := CASE WHEN wrote
             THEN railhook_circuit_record(p_endpoints[i], p_tokens[i], p_healthy[i], p_window_s, p_min_volume, p_ratio)
         END;
+        released := freed[i];
         RETURN NEXT;
     END LOOP;
 END

@@ -145,17 +145,22 @@ pub async fn sweep(client: &mut deadpool_postgres::Object, l: &SweepLimits) -> R
 pub struct QueueGauges {
     pub due: i64,
     pub oldest_due_age_s: f64,
+    /// Parked in the Ordering Buffer (PENDING behind an unresolved predecessor).
+    pub parked: i64,
 }
 
 pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
     let row = db
         .query_one(
-            "SELECT count(*), coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)))::float8, 0)
-             FROM deliveries WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now())",
+            "SELECT count(*) FILTER (WHERE due),
+                    coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)) FILTER (WHERE due))::float8, 0),
+                    count(*) FILTER (WHERE parked_at IS NOT NULL AND NOT due)
+             FROM (SELECT next_retry_at, created_at, parked_at, (next_retry_at IS NULL OR next_retry_at <= now()) AS due
+                   FROM deliveries WHERE status = 'PENDING') pending",
             &[],
         )
         .await?;
-    Ok(QueueGauges { due: row.get(0), oldest_due_age_s: row.get(1) })
+    Ok(QueueGauges { due: row.get(0), oldest_due_age_s: row.get(1), parked: row.get(2) })
 }
 
 /// Rows per re-announcement statement.

@@ -1,0 +1,130 @@
+//! Ordered delivery per Endpoint (DESIGN.md 6.5) end to end, against the real Postgres, Kafka
+//! and HTTP: Sequence Numbers in commit order, the Ordering Buffer (a Delivery waits for its
+//! predecessor), release at once when the predecessor ends, and the gap timeout.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use railhook_testkit::eventually;
+use railhook_testkit::relay::{Fixture, SubscriptionSpec};
+
+fn ordered(delays: &[i32], max_attempts: i16) -> SubscriptionSpec {
+    SubscriptionSpec { ordering: true, ..spec(delays, max_attempts, 10) }
+}
+
+fn sequence(hit: &Hit) -> u64 {
+    hit.headers["x-sequence-number"].to_str().unwrap().parse().unwrap()
+}
+
+/// The Sequence Numbers of the requests that were answered 2xx, in arrival order: the order
+/// the receiver applied them in.
+fn applied(receiver: &Receiver, path: &str, failed: &HashSet<usize>) -> Vec<u64> {
+    receiver.hits(path).iter().enumerate().filter(|(n, _)| !failed.contains(n)).map(|(_, h)| sequence(h)).collect()
+}
+
+/// A burst of 500 ordered events to one endpoint whose receiver fails every 7th request once:
+/// the receiver applies 1..500 in order, each once.
+#[tokio::test]
+async fn a_burst_arrives_in_order_through_failures() {
+    // Every 7th request (by arrival) answers 500 once; its Delivery retries 1 s later.
+    let (receiver, base) = Receiver::start(|_, n| if n % 7 == 6 { Act::Status(500) } else { Act::Status(200) }).await;
+    let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 120).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/ordered")], &ordered(&[1], 5)).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..500 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.updated").await);
+    }
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(180)).await;
+    }
+    let hits = receiver.hits("/ordered");
+    let failed: HashSet<usize> = (0..hits.len()).filter(|n| n % 7 == 6).collect();
+    let order = applied(&receiver, "/ordered", &failed);
+    assert_eq!(order, (1..=500).collect::<Vec<u64>>(), "applied out of order or twice");
+    let m = &sys.worker.metrics;
+    assert_eq!(m.ordering_gap_timeouts.get(), 0);
+    assert!(m.ordering_released.get() > 0, "successors were released by their predecessors' finalise");
+    eprintln!(
+        "ordered burst: 500 events, {} requests ({} failed once), {} released at once, {} parked",
+        hits.len(),
+        failed.len(),
+        m.ordering_released.get(),
+        m.deferrals.with_label_values(&["ordering"]).get()
+    );
+    let cursor: i64 = sys.client.query_one("SELECT cursor FROM endpoint_ordering", &[]).await.unwrap().get(0);
+    assert_eq!(cursor, 500);
+    sys.stop().await;
+}
+
+/// A poisoned event (its Delivery answers 500 forever) holds its successors for the gap
+/// timeout, then they go, counted once; an unordered Subscription on the same endpoint is
+/// never held back.
+#[tokio::test]
+async fn a_poisoned_event_holds_its_successors_for_the_gap_timeout_only() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    // The poisoned event: every request carrying it answers 500.
+    receiver.poison.lock().unwrap().push("\"type\":\"order.paid\"".into());
+    let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 3).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/ordered")], &ordered(&[1], 20)).await;
+    let endpoint = fixture.endpoints[0];
+    // An unordered Subscription on the same endpoint for another event type.
+    sys.client
+        .execute(
+            "INSERT INTO subscriptions (id, project_id, endpoint_id, event_type_pattern, ordering, max_attempts, timeout_seconds, retry_delays)
+             SELECT gen_random_uuid(), project_id, id, 'user.created', false, 5, 10, '{1}' FROM endpoints WHERE id = $1",
+            &[&endpoint.0],
+        )
+        .await
+        .unwrap();
+    sys.client.execute("UPDATE subscriptions SET event_type_pattern = 'order.*' WHERE endpoint_id = $1 AND ordering", &[&endpoint.0]).await.unwrap();
+    let first = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    sys.wait_status(&first, "SUCCESS", Duration::from_secs(30)).await;
+    let poisoned = fixture.ingest(&sys.pool, "order.paid").await.remove(0);
+    let is_poisoned = |h: &Hit| String::from_utf8_lossy(&h.body).contains("order.paid");
+    eventually(Duration::from_secs(30), "the poisoned Delivery's first failure", || async { receiver.hits("/ordered").iter().any(is_poisoned).then_some(()) }).await;
+    // Its successors, and an unordered event meanwhile.
+    let started = std::time::Instant::now();
+    let mut successors = Vec::new();
+    for _ in 0..3 {
+        successors.extend(fixture.ingest(&sys.pool, "order.shipped").await);
+    }
+    let unordered = fixture.ingest(&sys.pool, "user.created").await.remove(0);
+    sys.wait_status(&unordered, "SUCCESS", Duration::from_secs(10)).await;
+    let unordered_after = started.elapsed();
+    assert!(unordered_after < Duration::from_secs(2), "the unordered Delivery waited {unordered_after:?}");
+    for d in &successors {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let held = started.elapsed();
+    assert!(held >= Duration::from_millis(2_500), "successors went after {held:?}, before the 3 s gap timeout");
+    assert_eq!(sys.status(&poisoned).await.0, "PENDING", "the poisoned Delivery is still retrying");
+    assert_eq!(sys.worker.metrics.ordering_gap_timeouts.get(), 1, "one gap timeout: the direct successor's; the rest followed it");
+    // The successors arrived in order among themselves.
+    let seqs: Vec<u64> = receiver.hits("/ordered").iter().filter(|h| h.headers.contains_key("x-sequence-number") && !is_poisoned(h)).map(sequence).collect();
+    assert_eq!(seqs, vec![1, 3, 4, 5], "the first event, then the successors of the poisoned 2 in order");
+    sys.stop().await;
+}
+
+/// The Delivery API shows the Sequence Number and whether, and since when, it is parked.
+#[tokio::test]
+async fn a_parked_delivery_shows_when_it_was_parked() {
+    let (_receiver, base) = Receiver::start(|_, _| Act::Hang).await;
+    let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 600).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/slow")], &ordered(&[1], 5)).await;
+    let a = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    let b = fixture.ingest(&sys.pool, "order.paid").await.remove(0);
+    let b_id: railhook_core::DeliveryId = b.parse().unwrap();
+    let parked: chrono::DateTime<chrono::Utc> = eventually(Duration::from_secs(30), "the second Delivery to be parked", || async {
+        sys.client.query_one("SELECT parked_at FROM deliveries WHERE id = $1", &[&b_id.0]).await.unwrap().get::<_, Option<chrono::DateTime<chrono::Utc>>>(0)
+    })
+    .await;
+    let project = fixture.project;
+    let delivery = railhook_store::deliveries::get_delivery(&sys.client, project, b_id).await.unwrap().unwrap();
+    assert_eq!(delivery.sequence_number, Some(2));
+    assert_eq!(delivery.parked_since, Some(parked));
+    assert_eq!(sys.status(&a).await.0, "PROCESSING");
+    sys.stop().await;
+}
