@@ -158,6 +158,8 @@ pub fn payload_too_large() -> ApiError {
 
 /// Refuses a request whose `Content-Length` already exceeds `limit` before any of its body
 /// is read (a chunked body is cut by `DefaultBodyLimit` once more than `limit` arrived).
+/// The server then reads the unread body away in a lingering close, so that the client,
+/// still sending, gets the 413 rather than a reset (`railhook_telemetry::serve_with`).
 pub async fn declared_length_limit(limit: usize, request: Request, next: axum::middleware::Next) -> axum::response::Response {
     use axum::response::IntoResponse;
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());

@@ -97,8 +97,8 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, with the header and body read
-/// timeouts and the connection cap of `api.*` (see [`railhook_telemetry::serve_with`]); on
-/// shutdown the requests in flight finish first.
+/// timeouts, the connection cap and the lingering close of `api.*` (see
+/// [`railhook_telemetry::serve_with`]); on shutdown the requests in flight finish first.
 pub async fn run(state: AppState, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let limits = ServerLimits::from_api(&state.config.api);

@@ -1,6 +1,9 @@
 //! Telemetry: `tracing` logs (human or JSON), one Prometheus registry per process, and the
 //! operational routes every component serves: `/metrics`, `/healthz` (the process is up) and
-//! `/readyz` (its dependencies are reachable).
+//! `/readyz` (its dependencies are reachable). And the HTTP/1 server they and the API run on
+//! ([`serve_with`]), whose connections end in a lingering close (module `lingering`).
+
+mod lingering;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -125,7 +128,8 @@ async fn readyz_handler(State(ops): State<Ops>) -> Response {
 }
 
 /// What a listener grants each client (see [`serve_with`]): defaults equal those of
-/// `api.header_read_timeout_ms`, `api.body_read_timeout_ms` and `api.max_connections`.
+/// `api.header_read_timeout_ms`, `api.body_read_timeout_ms`, `api.max_connections`,
+/// `api.linger_timeout_ms` and `api.linger_max_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
     /// Time to send a request line and headers, from when the server starts reading them
@@ -135,6 +139,12 @@ pub struct ServerLimits {
     pub body_read_timeout: Duration,
     /// Connections served at once; further ones are not accepted until one closes.
     pub max_connections: usize,
+    /// After a response that left its request's body unread, how long the server keeps
+    /// reading and throwing away what the client still sends before it closes (the
+    /// lingering close; zero: none).
+    pub linger_timeout: Duration,
+    /// ... and how many bytes it throws away at most (zero: no lingering).
+    pub linger_max_bytes: u64,
 }
 
 impl ServerLimits {
@@ -143,6 +153,8 @@ impl ServerLimits {
             header_read_timeout: Duration::from_millis(api.header_read_timeout_ms),
             body_read_timeout: Duration::from_millis(api.body_read_timeout_ms),
             max_connections: api.max_connections.max(1),
+            linger_timeout: Duration::from_millis(api.linger_timeout_ms),
+            linger_max_bytes: api.linger_max_bytes,
         }
     }
 }
@@ -180,11 +192,13 @@ pub fn is_body_read_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// A request body that fails with [`BodyReadTimeout`] once its deadline has passed, however
-/// the bytes trickle in: the deadline is for the whole body, not per chunk.
+/// the bytes trickle in: the deadline is for the whole body, not per chunk. It records in
+/// `read` whether it was read to its end, for the lingering close.
 struct DeadlineBody {
     inner: hyper::body::Incoming,
     deadline: Pin<Box<tokio::time::Sleep>>,
     timeout: Duration,
+    read: Arc<lingering::BodyRead>,
 }
 
 impl http_body::Body for DeadlineBody {
@@ -194,9 +208,17 @@ impl http_body::Body for DeadlineBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
         if this.deadline.as_mut().poll(cx).is_ready() {
+            this.read.failed();
             return Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.timeout)))));
         }
-        Pin::new(&mut this.inner).poll_frame(cx).map(|frame| frame.map(|r| r.map_err(Into::into)))
+        let frame = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        match &frame {
+            None => this.read.ended(),
+            Some(Err(_)) => this.read.failed(),
+            Some(Ok(_)) if this.inner.is_end_stream() => this.read.ended(),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame.map(|r| r.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -228,7 +250,12 @@ pub async fn serve(
 /// - the body must arrive within `body_read_timeout` of the headers, else reading it fails
 ///   with [`BodyReadTimeout`] (408 from the API) and the connection is closed;
 /// - at most `max_connections` are served at once: the accept loop takes a permit before it
-///   accepts, so further clients wait in the kernel's listen backlog, costing nothing here.
+///   accepts, so further clients wait in the kernel's listen backlog, costing nothing here;
+/// - a response that leaves its request's body unread (an early 4xx) says
+///   `Connection: close`, and the connection ends in a lingering close (module `lingering`): FIN,
+///   then the rest of the body is read and thrown away for at most `linger_timeout` and
+///   `linger_max_bytes`, so that the client, still sending, is not reset before it has read
+///   the response. A lingering connection keeps its permit.
 ///
 /// Body size limits stay with the router (`DefaultBodyLimit`), which reads at most the limit.
 pub async fn serve_with(
@@ -240,6 +267,7 @@ pub async fn serve_with(
     use hyper_util::rt::{TokioIo, TokioTimer};
 
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let lingering = lingering::Lingering { timeout: limits.linger_timeout, max_bytes: limits.linger_max_bytes };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).keep_alive(true);
@@ -264,19 +292,33 @@ pub async fn serve_with(
             },
         };
         let _ = stream.set_nodelay(true);
+        let stream = lingering::LingeringStream::new(stream, lingering);
+        let unread_body = stream.unread_body();
         let router = router.clone();
         let body_timeout = limits.body_read_timeout;
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let router = router.clone();
+            let unread_body = unread_body.clone();
+            let read = Arc::new(lingering::BodyRead::default());
             let request = request.map(|inner| {
                 if http_body::Body::is_end_stream(&inner) {
+                    read.ended();
                     axum::body::Body::new(inner)
                 } else {
                     let deadline = Box::pin(tokio::time::sleep(body_timeout));
-                    axum::body::Body::new(DeadlineBody { inner, deadline, timeout: body_timeout })
+                    axum::body::Body::new(DeadlineBody { inner, deadline, timeout: body_timeout, read: read.clone() })
                 }
             });
-            tower::ServiceExt::oneshot(router, request)
+            async move {
+                let mut response = tower::ServiceExt::oneshot(router, request).await?;
+                if read.left_unread() {
+                    // The rest of the body is still on its way: this is the connection's last
+                    // response, and the connection lingers when hyper shuts it down.
+                    response.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+                    unread_body.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
         });
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
