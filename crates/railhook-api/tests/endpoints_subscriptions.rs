@@ -84,8 +84,11 @@ async fn endpoint_crud_round_trip() {
     assert_eq!(created["headers"], json!({"X-Tenant": "acme", "Authorization": "Bearer abc"}));
     assert_eq!(time(&created["created_at"]), time(&created["updated_at"]));
     assert!(created.get("secret").is_none(), "the endpoint JSON never carries the secret: {created}");
+    // Ordering: nothing handed out, nothing ended yet.
+    assert_eq!(created["last_sequence"], 0);
+    assert_eq!(created["ordering_cursor"], 0);
     let keys: Vec<&String> = created.as_object().unwrap().keys().collect();
-    assert_eq!(keys.len(), 8, "{created}");
+    assert_eq!(keys.len(), 10, "{created}");
 
     // A generated secret, stored as the one current secret.
     let (status, secret) = api.get(&p.key, &format!("/v1/endpoints/{id}/secret")).await;

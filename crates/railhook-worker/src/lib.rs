@@ -125,7 +125,7 @@ enum TaskEvent {
     Claimed { partition: i32, offset: i64 },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
-    Finished { endpoint: EndpointId, place: Option<(i32, i64)>, busy: Option<(queues::Queued, Option<Duration>)>, released: Option<railhook_core::DeliveryId> },
+    Finished { endpoint: EndpointId, place: Option<(i32, i64)>, busy: Option<(queues::Queued, queues::BusyOn)>, released: Option<railhook_core::DeliveryId> },
 }
 
 /// The consume loop's state: the Kafka consumer's offsets, the per-Endpoint queues and the
@@ -168,7 +168,7 @@ impl Consuming<'_> {
                     self.offsets.done(partition, offset);
                 }
                 let now = tokio::time::Instant::now();
-                self.queues.finished(endpoint, busy, now);
+                let pump = self.queues.finished(endpoint, busy, now);
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
@@ -182,7 +182,18 @@ impl Consuming<'_> {
                         }
                     }
                 }
-                self.pump(endpoint, now);
+                for endpoint in pump {
+                    self.pump(endpoint, now);
+                }
+            }
+        }
+    }
+
+    /// Starts what waited for a free permit, in turn, while permits are free.
+    fn serve_backlog(&mut self) {
+        if self.queues.has_backlog() && self.permits.available_permits() > 0 {
+            for start in self.queues.from_backlog(self.permits.available_permits(), tokio::time::Instant::now()) {
+                self.start(start);
             }
         }
     }
@@ -221,6 +232,8 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
         hard_stop: CancellationToken::new(),
     };
     loop {
+        // Permits freed since (a task ended): what waited for one goes before new messages.
+        c.serve_backlog();
         let wakeup = c.queues.next_wakeup();
         tokio::select! {
             biased;
@@ -253,7 +266,7 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
 }
 
 /// One hint's task: its claim and Attempt, under a permit of `worker.max_in_flight`.
-async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, _permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
+async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
     runner.metrics.in_flight.inc();
     let queues::Start { endpoint, queued, mode } = start;
     let delivery = queued.hint.delivery;
@@ -266,7 +279,7 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
         }
     };
     let (busy, released) = match runner.run(queued.hint, mode, notify, hard_stop).await {
-        Ok(runner::Outcome { ran: runner::Ran::Busy(pause), .. }) => (Some((queued, pause)), None),
+        Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
             (None, outcome.released)
@@ -279,6 +292,9 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
         }
     };
     runner.metrics.in_flight.dec();
+    // The permit goes back before the loop hears of the end, so that the Endpoint's next hint
+    // can start at once.
+    drop(permit);
     let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released }).await;
 }
 

@@ -81,9 +81,23 @@ pub struct Start {
     pub mode: ClaimMode,
 }
 
+/// What a `Busy` claim found taken, and so what the Endpoint waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BusyOn {
+    /// The Endpoint's slots, held by another worker: a short, growing pause.
+    EndpointSlots,
+    /// The Project's concurrency: the next Attempt of this worker that finishes frees a slot
+    /// of some project; the Endpoints waiting on a project take turns at it.
+    ProjectSlots,
+    /// A spent rate window: until it opens, this long from now.
+    RateWindow(Duration),
+}
+
 #[derive(Debug, Default)]
 struct Endpoint {
     running: usize,
+    /// Listed in the backlog: runnable, waiting only for a free permit.
+    in_backlog: bool,
     waiting: VecDeque<Queued>,
     /// Paused after a `Busy` claim until then.
     paused_until: Option<Instant>,
@@ -95,7 +109,7 @@ struct Endpoint {
 
 impl Endpoint {
     fn idle(&self) -> bool {
-        self.running == 0 && self.waiting.is_empty() && self.paused_until.is_none()
+        self.running == 0 && self.waiting.is_empty() && self.paused_until.is_none() && !self.in_backlog
     }
 }
 
@@ -110,11 +124,24 @@ pub struct EndpointQueues {
     waiting: usize,
     /// Paused Endpoints by the time they may claim again (stale entries are skipped).
     wakeups: BinaryHeap<Reverse<(Instant, EndpointId)>>,
+    /// Endpoints that could run a waiting hint but found no free permit (`worker.max_in_flight`
+    /// reached): served first, in turn, as permits free.
+    backlog: VecDeque<EndpointId>,
+    /// Endpoints paused on their project's concurrency: one is let try again each time an
+    /// Attempt of this worker finishes (a timer also wakes them, should nothing finish).
+    project_blocked: VecDeque<EndpointId>,
 }
 
 impl EndpointQueues {
     pub fn new(limits: QueueLimits) -> EndpointQueues {
-        EndpointQueues { limits, endpoints: HashMap::new(), waiting: 0, wakeups: BinaryHeap::new() }
+        EndpointQueues {
+            limits,
+            endpoints: HashMap::new(),
+            waiting: 0,
+            wakeups: BinaryHeap::new(),
+            backlog: VecDeque::new(),
+            project_blocked: VecDeque::new(),
+        }
     }
 
     /// Hints waiting in all.
@@ -146,27 +173,67 @@ impl EndpointQueues {
         None
     }
 
-    /// An Attempt of `endpoint` started by this queue finished. `busy`: its claim found the
-    /// limits taken (the hint goes back to the front) and for how long at least to pause (the
-    /// next rate window), or `None` when the claim step ended otherwise.
-    pub fn finished(&mut self, endpoint: EndpointId, busy: Option<(Queued, Option<Duration>)>, now: Instant) {
-        let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
+    /// An Attempt of `endpoint` started by this queue finished. `busy`: its claim found a
+    /// limit taken (the hint goes back to the front) and which, or `None` when the claim step
+    /// ended otherwise. Returns the Endpoints to pump now: `endpoint` itself, and, when a slot
+    /// freed, one Endpoint that waited on its project's concurrency.
+    pub fn finished(&mut self, endpoint: EndpointId, busy: Option<(Queued, BusyOn)>, now: Instant) -> Vec<EndpointId> {
+        let mut pump = vec![endpoint];
+        let Some(e) = self.endpoints.get_mut(&endpoint) else { return pump };
         e.running = e.running.saturating_sub(1);
         match busy {
-            Some((queued, at_least)) => {
+            Some((queued, on)) => {
                 e.waiting.push_front(queued);
                 self.waiting += 1;
                 e.busy_since.get_or_insert(now);
                 e.backoff = (e.backoff * 2).clamp(BUSY_PAUSE_MIN, BUSY_PAUSE_MAX);
-                let until = now + at_least.unwrap_or_default().max(e.backoff);
+                let until = match on {
+                    BusyOn::EndpointSlots => now + e.backoff,
+                    BusyOn::RateWindow(left) => now + left.max(BUSY_PAUSE_MIN),
+                    BusyOn::ProjectSlots => {
+                        if !self.project_blocked.contains(&endpoint) {
+                            self.project_blocked.push_back(endpoint);
+                        }
+                        now + BUSY_PAUSE_MAX
+                    }
+                };
                 e.paused_until = Some(until);
                 self.wakeups.push(Reverse((until, endpoint)));
             }
             None => {
                 e.busy_since = None;
                 e.backoff = Duration::ZERO;
+                // A slot of some project freed: the longest-waiting Endpoint blocked on its
+                // project's concurrency tries again now.
+                if let Some(blocked) = self.project_blocked.pop_front() {
+                    if let Some(b) = self.endpoints.get_mut(&blocked) {
+                        b.paused_until = None;
+                        pump.push(blocked);
+                    }
+                }
             }
         }
+        pump
+    }
+
+    /// Starts from the backlog (Endpoints that waited for a free permit), in turn, at most
+    /// `budget`.
+    pub fn from_backlog(&mut self, mut budget: usize, now: Instant) -> Vec<Start> {
+        let mut out = Vec::new();
+        while budget > 0 {
+            let Some(endpoint) = self.backlog.pop_front() else { break };
+            if let Some(e) = self.endpoints.get_mut(&endpoint) {
+                e.in_backlog = false;
+            }
+            let started = self.ready(endpoint, budget, now);
+            budget -= started.len();
+            out.extend(started);
+        }
+        out
+    }
+
+    pub fn has_backlog(&self) -> bool {
+        !self.backlog.is_empty()
     }
 
     /// The hints of `endpoint` that may run now, at most `budget` (free permits), in order.
@@ -179,6 +246,11 @@ impl EndpointQueues {
             self.waiting -= 1;
             e.running += 1;
             out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
+        }
+        if out.len() == budget && !e.waiting.is_empty() && !e.in_backlog && Self::may_run(&limits, e, now) {
+            // Runnable, but no permit left: served first when one frees.
+            e.in_backlog = true;
+            self.backlog.push_back(endpoint);
         }
         if e.idle() {
             self.endpoints.remove(&endpoint);
@@ -290,7 +362,7 @@ mod tests {
         let mut q = EndpointQueues::new(limits(2, 10, 100));
         let first = q.offer(e, hint(0), t0).unwrap();
         q.offer(e, hint(1), t0).unwrap();
-        q.finished(e, Some((first.queued, None)), t0);
+        q.finished(e, Some((first.queued, BusyOn::EndpointSlots)), t0);
         assert_eq!(q.waiting(), 1, "the busy hint is back in the queue");
         assert!(q.ready(e, 10, t0).is_empty(), "paused");
         let wake = q.next_wakeup().unwrap();
@@ -302,7 +374,7 @@ mod tests {
         assert_eq!(again[0].mode, ClaimMode::Wait);
         // Busy for longer than the bound: the next claim may defer.
         let late = t0 + Duration::from_secs(6);
-        q.finished(e, Some((again[0].queued, Some(Duration::from_millis(300)))), late);
+        q.finished(e, Some((again[0].queued, BusyOn::RateWindow(Duration::from_millis(300)))), late);
         assert_eq!(q.next_wakeup(), Some(late + Duration::from_millis(300)), "a rate window's pause is kept");
         let woken = late + Duration::from_millis(300);
         assert_eq!(q.woken(woken), vec![e]);
@@ -312,6 +384,46 @@ mod tests {
         q.finished(e, None, woken);
         q.finished(e, None, woken);
         assert_eq!(q.offer(e, hint(5), woken).unwrap().mode, ClaimMode::Wait);
+    }
+
+    /// An Endpoint whose own Attempt finished while every permit was taken is not forgotten:
+    /// it waits in the backlog and runs first when a permit frees.
+    #[test]
+    fn an_endpoint_out_of_permits_is_served_from_the_backlog() {
+        let now = Instant::now();
+        let (a, b) = (EndpointId::new(), EndpointId::new());
+        let mut q = EndpointQueues::new(limits(1, 10, 100));
+        q.offer(a, hint(0), now).unwrap();
+        assert!(q.offer(a, hint(1), now).is_none());
+        assert!(q.offer(a, hint(2), now).is_none());
+        let pump = q.finished(a, None, now);
+        assert_eq!(pump, vec![a]);
+        assert!(q.ready(a, 0, now).is_empty(), "no permit free");
+        assert!(q.has_backlog());
+        // b runs meanwhile; then a permit frees and a is served first.
+        q.offer(b, hint(9), now).unwrap();
+        let started = q.from_backlog(1, now);
+        assert_eq!(started.iter().map(|s| (s.endpoint, s.queued.place.unwrap().1)).collect::<Vec<_>>(), vec![(a, 1)]);
+        assert!(!q.has_backlog(), "a's slot is taken again: it waits for its own Attempt now");
+    }
+
+    /// Endpoints blocked on their project's concurrency take turns: each finished Attempt
+    /// lets the longest-waiting one try again at once, without waiting for a timer.
+    #[test]
+    fn a_finished_attempt_wakes_one_endpoint_blocked_on_its_project() {
+        let now = Instant::now();
+        let (a, b, c) = (EndpointId::new(), EndpointId::new(), EndpointId::new());
+        let mut q = EndpointQueues::new(limits(5, 10, 100));
+        let sa = q.offer(a, hint(0), now).unwrap();
+        let sb = q.offer(b, hint(1), now).unwrap();
+        q.offer(c, hint(2), now).unwrap();
+        q.finished(a, Some((sa.queued, BusyOn::ProjectSlots)), now);
+        q.finished(b, Some((sb.queued, BusyOn::ProjectSlots)), now);
+        assert!(q.ready(a, 10, now).is_empty() && q.ready(b, 10, now).is_empty(), "both paused");
+        let pump = q.finished(c, None, now);
+        assert_eq!(pump, vec![c, a], "c's slot freed: a, blocked first, tries first");
+        assert_eq!(q.ready(a, 10, now).len(), 1);
+        assert!(q.ready(b, 10, now).is_empty(), "b waits for the next slot");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::error::{ErrorKind, WorkerError};
 use crate::http::{self, AttemptOutcome, OutgoingRequest, Verdict};
 use crate::ladder::{self, Step};
 use crate::metrics::WorkerMetrics;
-use crate::queues::ClaimMode;
+use crate::queues::{BusyOn, ClaimMode};
 
 /// How a hint's task ended, and the parked successor its finalise released (ordering), which
 /// the consume loop claims at once.
@@ -58,8 +58,8 @@ pub enum Ran {
     /// Shutdown cut the Attempt short; the Claim was released.
     Released,
     /// A claim in the waiting mode found a limit taken (nothing written): the hint goes back
-    /// to its Endpoint's queue, to claim again after at least this pause (a rate window).
-    Busy(Option<Duration>),
+    /// to its Endpoint's queue, to claim again when that limit may have room.
+    Busy(BusyOn),
 }
 
 /// The settings an Attempt reads (a slice of `worker.*`, cut once).
@@ -230,7 +230,7 @@ impl Runner {
         let claimed = self.claim(hint, mode, &hard_stop).await;
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
-            return Ok(Ran::Busy(rate_window_left(*reason)).into());
+            return Ok(Ran::Busy(busy_on(*reason)).into());
         }
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
@@ -408,15 +408,17 @@ impl Runner {
     }
 }
 
-/// For a rate limit, the time left in the current one-second window (the claim's windows
-/// are whole seconds of the database clock; this host's clock is close enough for a pause).
-fn rate_window_left(reason: DeferralReason) -> Option<Duration> {
+/// What a busy claim waits for. For a rate limit, the time left in the current one-second
+/// window (the claim's windows are whole seconds of the database clock; this host's clock is
+/// close enough for a pause).
+fn busy_on(reason: DeferralReason) -> BusyOn {
     match reason {
         DeferralReason::EndpointRate | DeferralReason::ProjectRate => {
             let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            Some(Duration::from_millis(1_000 - u64::from(since_epoch.subsec_millis())))
+            BusyOn::RateWindow(Duration::from_millis(1_000 - u64::from(since_epoch.subsec_millis())))
         }
-        _ => None,
+        DeferralReason::ProjectConcurrency => BusyOn::ProjectSlots,
+        _ => BusyOn::EndpointSlots,
     }
 }
 
