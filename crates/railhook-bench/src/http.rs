@@ -128,4 +128,10 @@ impl Receiver {
     pub fn arrived(&self, id: &str) -> Option<Instant> {
         self.arrivals.lock().unwrap().get(id).copied()
     }
+
+    /// The arrival of each id (None: not yet), under one lock.
+    pub fn arrivals_of<'a>(&self, ids: impl IntoIterator<Item = &'a str>) -> Vec<Option<Instant>> {
+        let arrivals = self.arrivals.lock().unwrap();
+        ids.into_iter().map(|id| arrivals.get(id).copied()).collect()
+    }
 }

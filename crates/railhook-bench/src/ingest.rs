@@ -35,6 +35,7 @@ pub async fn ingest(args: &Args) -> anyhow::Result<serde_json::Value> {
         rate: None,
         warmup: Duration::from_secs(2),
         duration: args.duration,
+        count: None,
         payload_bytes: 1024,
         event_type: Arc::new(|_| EVENT_TYPE.to_string()),
         keep_deliveries: false,

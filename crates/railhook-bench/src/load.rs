@@ -1,6 +1,6 @@
 //! The load generator: events POSTed to /v1/events over N keep-alive connections, either as
 //! fast as the server answers (closed loop) or at a fixed rate spread over the connections
-//! (open loop). Its own CPU time is reported next to the figures: it shares the 2 cores.
+//! (open loop), for a duration or a number of requests. Its own CPU time is reported next to the figures: it shares the 2 cores.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,7 +29,10 @@ pub struct Plan {
     /// None: closed loop. Some(r): r requests per second in all.
     pub rate: Option<f64>,
     pub warmup: Duration,
+    /// The load stops at the end of the warm-up plus this, or after `count` requests.
     pub duration: Duration,
+    /// Some(n): n requests in all (warm-up included), then stop; None: until `duration` ends.
+    pub count: Option<u64>,
     pub payload_bytes: usize,
     /// Event type of request n.
     pub event_type: Arc<dyn Fn(u64) -> String + Send + Sync>,
@@ -61,6 +64,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Sent>> {
         let measure_from = started + plan.warmup;
         let per_conn = plan.rate.map(|r| r / plan.connections as f64);
         let conns = plan.connections as u64;
+        let count = plan.count.unwrap_or(u64::MAX);
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
             let mut n = c as u64;
@@ -78,7 +82,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Sent>> {
                     due += i;
                 }
                 let t0 = Instant::now();
-                if t0 >= end {
+                if t0 >= end || n >= count {
                     break;
                 }
                 let key = format!("bench-{nonce}-{n}");

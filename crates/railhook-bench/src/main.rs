@@ -6,7 +6,9 @@
 //! `relay_throughput` (catching up a backlog, CDC relay vs `pg_recvlogical`) run the relay in
 //! process; `ingest` (the API vs `pgbench` of its statement), `e2e` (POST to the receiver's
 //! arrival vs the load generator driving the receiver directly) and `memory` (peak RSS during
-//! e2e) run the `railhook` binary's api, relay and worker as separate processes.
+//! e2e) run the `railhook` binary's api, relay and worker as separate processes. e2e ends with
+//! the phases on a clean database each (`hot_endpoint`, `fanout_10`), which can also be named
+//! alone: then only they run, and the report's `e2e` holds only their figures.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +24,11 @@ mod relay;
 mod stack;
 
 const BENCHMARKS: [&str; 5] = ["relay_latency", "relay_throughput", "ingest", "e2e", "memory"];
+
+/// Every name the command line takes: the benchmarks and e2e's clean-database phases.
+fn known(name: &str) -> bool {
+    BENCHMARKS.contains(&name) || e2e::CLEAN_PHASES.contains(&name)
+}
 
 pub struct Args {
     names: Vec<String>,
@@ -70,7 +77,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--start-rate" => args.start_rate = it.next().context("--start-rate needs a value")?.parse().context("--start-rate: events per second")?,
             "--max-rate" => args.max_rate = it.next().context("--max-rate needs a value")?.parse().context("--max-rate: events per second")?,
             "-h" | "--help" => {
-                println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}]...", BENCHMARKS.join("|"));
+                println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}|{}]...", BENCHMARKS.join("|"), e2e::CLEAN_PHASES.join("|"));
+                println!("  no name: every benchmark; e2e (or memory) includes the phases {}", e2e::CLEAN_PHASES.join(" and "));
+                println!("  hot_endpoint, fanout_10: only these e2e phases, each on a clean database (hot_endpoint: one Endpoint, 10,000 events");
+                println!("    as fast as accepted, then 700 events/s for 20 s; fanout_10: ten Endpoints, 3,000 events, 30,000 Deliveries)");
                 println!("  --rate, --rows: relay_latency's commit rate and relay_throughput's backlog");
                 println!("  --duration: relay_latency, ingest and the fixed-rate e2e runs (default 30)");
                 println!("  --connections: ingest's HTTP connections (default 32)");
@@ -78,8 +88,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
-            name if BENCHMARKS.contains(&name) => args.names.push(name.to_string()),
-            other => bail!("unknown benchmark or flag '{other}' (benchmarks: {})", BENCHMARKS.join(", ")),
+            name if known(name) => args.names.push(name.to_string()),
+            other => bail!("unknown benchmark or flag '{other}' (benchmarks: {}; e2e phases alone: {})", BENCHMARKS.join(", "), e2e::CLEAN_PHASES.join(", ")),
         }
     }
     if args.names.is_empty() {
@@ -93,6 +103,9 @@ async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let mut results = Vec::new();
     let mut e2e_done = false;
+    // The clean-database phases: all of them within e2e, else the ones named.
+    let whole_e2e = args.names.iter().any(|n| n == "e2e" || n == "memory");
+    let clean: Vec<&str> = e2e::CLEAN_PHASES.into_iter().filter(|p| whole_e2e || args.names.iter().any(|n| n == p)).collect();
     for name in &args.names {
         match name.as_str() {
             "relay_latency" => results.push(relay::relay_latency(&args).await?),
@@ -100,9 +113,14 @@ async fn main() -> anyhow::Result<()> {
             "ingest" => results.push(ingest::ingest(&args).await?),
             // memory is measured during e2e: either name runs e2e once and reports both.
             "e2e" | "memory" if !e2e_done => {
-                let (e2e, memory) = e2e::e2e(&args).await?;
+                let (e2e, memory) = e2e::e2e(&args, &clean).await?;
                 results.push(e2e);
                 results.push(memory);
+                e2e_done = true;
+            }
+            // The clean-database phases named without e2e: all of them at once, as one report.
+            p if !whole_e2e && !e2e_done && e2e::CLEAN_PHASES.contains(&p) => {
+                results.push(e2e::clean_phases_alone(&args, &clean).await?);
                 e2e_done = true;
             }
             _ => {}

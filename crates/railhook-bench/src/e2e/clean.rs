@@ -1,0 +1,329 @@
+//! The e2e phases on a clean database each (docs/BENCHMARKS.md, "hot_endpoint and
+//! fanout_10"): a fresh stack per phase (database, topics, slot, and the api, relay and worker
+//! with default settings), the bench's receiver answering 204 at once, 32 connections, 1 KiB
+//! payloads, no warm-up.
+//! - `hot_endpoint`: one Endpoint; 10,000 events as fast as they are accepted, then the same
+//!   Endpoint at 700 events/s for 20 s (reported as `hot_endpoint_700_per_s`).
+//! - `fanout_10`: ten Endpoints subscribed to the one event type; 3,000 events as fast as they
+//!   are accepted (30,000 Deliveries).
+//!
+//! Each load waits for its Deliveries until 60 s after its last 201, then counts what arrived.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use super::{accepted_deliveries, counters_delta, cpu_delta, cpu_snapshot, ms_between, one_type, total, wait_arrivals, worker_counters, CONNECTIONS};
+use crate::http::{get_text, Receiver};
+use crate::load::{self, Plan};
+use crate::stack::Stack;
+use crate::{json, percentiles, Args, Percentiles};
+
+/// The phases, by the name that selects them (`railhook-bench hot_endpoint fanout_10`).
+pub const NAMES: [&str; 2] = ["hot_endpoint", "fanout_10"];
+/// Every Endpoint of a phase is subscribed to this type, and every event has it.
+const EVENT_TYPE: &str = "bench.clean";
+/// How long after the last 201 a load waits for its Deliveries.
+const WAIT: Duration = Duration::from_secs(60);
+/// The longest a counted, closed-loop load may take to send its requests.
+const CLOSED_LOOP_CAP: Duration = Duration::from_secs(600);
+
+/// What a load must reach (the issue's targets); `None` and `false` are no target.
+struct Targets {
+    every_delivery: bool,
+    deliveries_per_s_at_least: Option<f64>,
+    p99_ms_at_most: Option<f64>,
+    zero_deferrals: bool,
+}
+
+/// One load on a phase's stack: `count` requests as fast as accepted (`rate: None`), or `rate`
+/// requests per second for `duration`.
+struct Load {
+    figure: &'static str,
+    count: Option<u64>,
+    rate: Option<f64>,
+    duration: Duration,
+    targets: Targets,
+}
+
+/// One phase: a clean stack with `endpoints` Endpoints, then its loads in order.
+struct Spec {
+    name: &'static str,
+    endpoints: usize,
+    loads: &'static [Load],
+}
+
+static SPECS: [Spec; 2] = [
+    Spec {
+        name: "hot_endpoint",
+        endpoints: 1,
+        loads: &[
+            Load {
+                figure: "hot_endpoint",
+                count: Some(10_000),
+                rate: None,
+                duration: CLOSED_LOOP_CAP,
+                targets: Targets { every_delivery: true, deliveries_per_s_at_least: Some(1_000.0), p99_ms_at_most: None, zero_deferrals: true },
+            },
+            Load {
+                figure: "hot_endpoint_700_per_s",
+                count: None,
+                rate: Some(700.0),
+                duration: Duration::from_secs(20),
+                targets: Targets { every_delivery: false, deliveries_per_s_at_least: None, p99_ms_at_most: Some(100.0), zero_deferrals: true },
+            },
+        ],
+    },
+    Spec {
+        name: "fanout_10",
+        endpoints: 10,
+        loads: &[Load {
+            figure: "fanout_10",
+            count: Some(3_000),
+            rate: None,
+            duration: CLOSED_LOOP_CAP,
+            targets: Targets { every_delivery: true, deliveries_per_s_at_least: Some(2_500.0), p99_ms_at_most: Some(1_000.0), zero_deferrals: false },
+        }],
+    },
+];
+
+impl Targets {
+    fn met(&self, f: &Figures) -> bool {
+        (!self.every_delivery || (f.all_arrived() && f.requests == f.events))
+            && self.deliveries_per_s_at_least.is_none_or(|t| f.deliveries_per_s >= t)
+            && self.p99_ms_at_most.is_none_or(|t| f.latency.p99 <= t)
+            && (!self.zero_deferrals || f.deferrals == 0.0)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        if self.every_delivery {
+            m.insert("every_delivery".into(), true.into());
+        }
+        if let Some(t) = self.deliveries_per_s_at_least {
+            m.insert("deliveries_per_s_at_least".into(), t.into());
+        }
+        if let Some(t) = self.p99_ms_at_most {
+            m.insert("p99_ms_at_most".into(), t.into());
+        }
+        if self.zero_deferrals {
+            m.insert("deferrals_at_most".into(), 0.into());
+        }
+        m.into()
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.every_delivery {
+            parts.push("every Delivery".to_string());
+        }
+        if let Some(t) = self.deliveries_per_s_at_least {
+            parts.push(format!(">= {t:.0} deliveries/s"));
+        }
+        if let Some(t) = self.p99_ms_at_most {
+            parts.push(format!("p99 <= {t:.0} ms"));
+        }
+        if self.zero_deferrals {
+            parts.push("zero Deferrals".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+/// One load's figures. Rates are over the whole load: `accepted_per_s` from the first request
+/// to the last 201, `deliveries_per_s` from the first request to the last arrival.
+struct Figures {
+    load: &'static Load,
+    requests: usize,
+    events: usize,
+    deliveries: usize,
+    delivered: usize,
+    duplicates: u64,
+    accepted_per_s: f64,
+    deliveries_per_s: f64,
+    phase_s: f64,
+    waited_after_last_201_s: f64,
+    latency: Percentiles,
+    cpu: serde_json::Value,
+    worker: serde_json::Value,
+    deferrals: f64,
+    claims_busy: f64,
+    /// The most hints seen waiting in the worker's per-Endpoint queues during the load.
+    queue_waiting_peak: f64,
+}
+
+impl Figures {
+    /// Every Delivery of an accepted event arrived by the deadline.
+    fn all_arrived(&self) -> bool {
+        self.delivered == self.deliveries
+    }
+
+    fn met(&self) -> bool {
+        self.load.targets.met(self)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "offered_per_s": self.load.rate, "requests": self.requests, "events": self.events,
+            "refused": self.requests - self.events, "deliveries": self.deliveries,
+            "delivered": self.delivered, "all_arrived": self.all_arrived(), "duplicates": self.duplicates,
+            "accepted_per_s": self.accepted_per_s, "deliveries_per_s": self.deliveries_per_s,
+            "phase_s": self.phase_s, "waited_after_last_201_s": self.waited_after_last_201_s,
+            "latency_201_to_arrival": json(&self.latency), "cpu_cores": self.cpu, "worker": self.worker,
+            "worker_queue_waiting_peak": self.queue_waiting_peak, "targets_met": self.met(),
+        })
+    }
+
+    fn row(&self) {
+        println!(
+            "{:<24} {:>7} {:>11.0} {:>13} {:>12.0} {:>8.2} {:>9.2} {:>9.1} {:>9} {:>7} {:>10}  {} ({})",
+            self.load.figure, self.events, self.accepted_per_s, format!("{}/{}", self.delivered, self.deliveries), self.deliveries_per_s,
+            self.latency.p50, self.latency.p99, self.latency.max, self.deferrals, self.claims_busy, self.queue_waiting_peak,
+            if self.met() { "met" } else { "MISSED" }, self.load.targets.describe(),
+        );
+    }
+}
+
+/// The phases' figures and targets, keyed by figure name, for `e2e.figures` and `e2e.targets`.
+#[derive(Default)]
+pub struct Clean {
+    figures: serde_json::Map<String, serde_json::Value>,
+    targets: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Clean {
+    pub fn merge_into(self, e2e: &mut serde_json::Value) {
+        for (key, map) in [("figures", self.figures), ("targets", self.targets)] {
+            if let Some(into) = e2e[key].as_object_mut() {
+                into.extend(map);
+            }
+        }
+    }
+}
+
+/// Runs the named phases (`NAMES`), each on its own clean stack, and prints their table.
+pub async fn run(args: &Args, names: &[&str]) -> anyhow::Result<Clean> {
+    let mut clean = Clean::default();
+    let mut all = Vec::new();
+    for name in names {
+        let spec = SPECS.iter().find(|s| s.name == *name).with_context(|| format!("no e2e phase '{name}'"))?;
+        for f in run_spec(args, spec).await? {
+            clean.figures.insert(f.load.figure.into(), f.json());
+            clean.targets.insert(f.load.figure.into(), f.load.targets.json());
+            all.push(f);
+        }
+    }
+    if !all.is_empty() {
+        println!();
+        println!("e2e on a clean database each: {CONNECTIONS} connections, 1 KiB payloads; latency from the 201 to the receiver's arrival (ms); rates over the whole phase");
+        println!(
+            "{:<24} {:>7} {:>11} {:>13} {:>12} {:>8} {:>9} {:>9} {:>9} {:>7} {:>10}  targets",
+            "", "events", "accepted/s", "arrived", "deliveries/s", "p50", "p99", "max", "deferrals", "busy", "queue peak"
+        );
+        all.iter().for_each(Figures::row);
+        println!();
+    }
+    Ok(clean)
+}
+
+/// The phases alone (`railhook-bench hot_endpoint fanout_10`): an `e2e` report holding only them.
+pub async fn report(args: &Args, names: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let mut report = serde_json::json!({"name": "e2e", "connections": CONNECTIONS, "payload_bytes": 1024, "figures": {}, "targets": {}});
+    run(args, names).await?.merge_into(&mut report);
+    Ok(report)
+}
+
+async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figures>> {
+    let (rx, rx_addr) = Receiver::start().await?;
+    let mut stack = Stack::start(&args.bin()?, spec.name, true, |_| {}).await?;
+    for n in 0..spec.endpoints {
+        stack.endpoint(&format!("http://{rx_addr}/{}/{n}", spec.name), EVENT_TYPE).await?;
+    }
+    let mut out = Vec::new();
+    for load in spec.loads {
+        let f = measure(&mut stack, &rx, load).await?;
+        println!(
+            "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, worker {}",
+            load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.worker
+        );
+        out.push(f);
+    }
+    stack.check_running()?;
+    stack.stop().await;
+    Ok(out)
+}
+
+/// Runs one load and waits for its Deliveries (until `WAIT` after the last 201).
+async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyhow::Result<Figures> {
+    let plan = Plan { count: load.count, ..super::plan(stack, stack.api_addr, load.rate, load.duration, one_type(EVENT_TYPE)) };
+    let (cpu0, counters0, dup0) = (cpu_snapshot(stack), worker_counters(stack).await?, rx.duplicates.load(Ordering::Relaxed));
+    let queue = QueuePeak::start(stack);
+    let start = Instant::now();
+    let sent = load::run(&plan).await?;
+    let ids = accepted_deliveries(&sent);
+    let accepted: Vec<_> = sent.iter().filter(|s| s.status.as_u16() == 201).collect();
+    let last_201 = accepted.iter().map(|s| s.done).max().unwrap_or(start);
+    wait_arrivals(stack, rx, &ids, last_201 + WAIT).await?;
+    let waited_after_last_201_s = last_201.elapsed().as_secs_f64();
+    let cpu = cpu_delta(stack, &cpu0, start.elapsed().as_secs_f64());
+    let worker = counters_delta(&counters0, &worker_counters(stack).await?);
+    let queue_waiting_peak = queue.finish().await;
+    let first = sent.iter().map(|s| s.started).min().unwrap_or(start);
+    let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
+    let last = arrivals.iter().flatten().max().copied().unwrap_or(last_201);
+    let ms: Vec<f64> = ids.iter().zip(&arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
+    let secs = |to: Instant| to.saturating_duration_since(first).as_secs_f64().max(1e-3);
+    Ok(Figures {
+        load,
+        requests: sent.len(),
+        events: accepted.len(),
+        deliveries: ids.len(),
+        delivered: ms.len(),
+        duplicates: rx.duplicates.load(Ordering::Relaxed) - dup0,
+        accepted_per_s: accepted.len() as f64 / secs(last_201),
+        deliveries_per_s: ms.len() as f64 / secs(last),
+        phase_s: secs(last),
+        waited_after_last_201_s,
+        latency: percentiles(ms),
+        deferrals: total(&worker, "deferrals"),
+        claims_busy: total(&worker, "claims_busy"),
+        queue_waiting_peak,
+        cpu,
+        worker,
+    })
+}
+
+/// The peak of the worker's `railhook_worker_queue_waiting` gauge, sampled every 200 ms.
+struct QueuePeak {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<f64>,
+}
+
+impl QueuePeak {
+    fn start(stack: &Stack) -> QueuePeak {
+        let url = format!("http://{}/metrics", stack.config.worker.ops_listen);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = 0.0f64;
+            while !stopped.is_cancelled() {
+                let text = get_text(&url).await.unwrap_or_default();
+                let gauge = text.lines().find_map(|l| l.strip_prefix("railhook_worker_queue_waiting ")?.trim().parse::<f64>().ok());
+                peak = peak.max(gauge.unwrap_or(0.0));
+                tokio::select! {
+                    _ = stopped.cancelled() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+            peak
+        });
+        QueuePeak { stop, task }
+    }
+
+    async fn finish(self) -> f64 {
+        self.stop.cancel();
+        self.task.await.unwrap_or(0.0)
+    }
+}
