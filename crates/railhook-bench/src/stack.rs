@@ -58,9 +58,14 @@ impl Stack {
 
     /// An Endpoint at `url` subscribed to `pattern`; returns its id.
     pub async fn endpoint(&self, url: &str, pattern: &str) -> anyhow::Result<String> {
+        self.endpoint_with(url, pattern, false).await
+    }
+
+    /// An Endpoint subscribed to `pattern`, with ordered delivery when `ordering`.
+    pub async fn endpoint_with(&self, url: &str, pattern: &str, ordering: bool) -> anyhow::Result<String> {
         let ep = post_json(self.api_addr, "/v1/endpoints", &self.api_key, json!({"url": url})).await?;
         let id = ep["id"].as_str().context("endpoint id")?.to_string();
-        post_json(self.api_addr, "/v1/subscriptions", &self.api_key, json!({"endpoint_id": id, "event_type": pattern})).await?;
+        post_json(self.api_addr, "/v1/subscriptions", &self.api_key, json!({"endpoint_id": id, "event_type": pattern, "ordering": ordering})).await?;
         Ok(id)
     }
 

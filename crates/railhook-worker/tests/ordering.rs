@@ -47,6 +47,12 @@ async fn a_burst_arrives_in_order_through_failures() {
     let m = &sys.worker.metrics;
     assert_eq!(m.ordering_gap_timeouts.get(), 0);
     assert!(m.ordering_released.get() > 0, "successors were released by their predecessors' finalise");
+    // Every parked Delivery was released by its predecessor's finalise, none at its 120 s park
+    // deadline (a release that missed its park: the claim read the predecessor in flight
+    // while the finalise did not yet see the park).
+    let parked: i64 = sys.client.query_one("SELECT count(*) FROM deliveries WHERE parked_at IS NOT NULL", &[]).await.unwrap().get(0);
+    assert!(parked > 0);
+    assert_eq!(m.ordering_released.get(), parked as u64, "a parked Delivery was not released by its predecessor");
     eprintln!(
         "ordered burst: 500 events, {} requests ({} failed once), {} released at once, {} parked",
         hits.len(),

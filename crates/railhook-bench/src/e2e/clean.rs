@@ -6,6 +6,10 @@
 //!   Endpoint at 700 events/s for 20 s (reported as `hot_endpoint_700_per_s`).
 //! - `fanout_10`: ten Endpoints subscribed to the one event type; 3,000 events as fast as they
 //!   are accepted (30,000 Deliveries).
+//! - `ordered`: one hot Endpoint with an ordered Subscription, at rising fixed rates (25, 50,
+//!   100, 200, 400 events/s, 10 s each); the highest whose every Delivery arrived with p99
+//!   under 1 s is `ordered_max_sustained_per_s`, against the poller-based original's ceiling
+//!   of about 10 events/s per hot Endpoint (one ordered Delivery per endpoint per 1 s poll).
 //!
 //! Each load waits for its Deliveries until 60 s after its last 201, then counts what arrived.
 
@@ -22,7 +26,10 @@ use crate::stack::Stack;
 use crate::{json, percentiles, Args, Percentiles};
 
 /// The phases, by the name that selects them (`railhook-bench hot_endpoint fanout_10`).
-pub const NAMES: [&str; 2] = ["hot_endpoint", "fanout_10"];
+pub const NAMES: [&str; 3] = ["hot_endpoint", "fanout_10", "ordered"];
+/// The poller-based original's ceiling for one hot ordered Endpoint: at most 10 rows per
+/// endpoint per poll, one poll a second (DESIGN.md 5's polling baseline has the same bounds).
+const POLLER_ORDERED_CEILING_PER_S: f64 = 10.0;
 /// Every Endpoint of a phase is subscribed to this type, and every event has it.
 const EVENT_TYPE: &str = "bench.clean";
 /// How long after the last 201 a load waits for its Deliveries.
@@ -52,13 +59,27 @@ struct Load {
 struct Spec {
     name: &'static str,
     endpoints: usize,
+    /// The Endpoints' Subscriptions are ordered.
+    ordering: bool,
     loads: &'static [Load],
 }
 
-static SPECS: [Spec; 2] = [
+/// A fixed-rate step of the `ordered` phase: every Delivery, p99 under 1 s.
+const fn ordered_step(figure: &'static str, rate: f64) -> Load {
+    Load {
+        figure,
+        count: None,
+        rate: Some(rate),
+        duration: Duration::from_secs(10),
+        targets: Targets { every_delivery: true, deliveries_per_s_at_least: None, p99_ms_at_most: Some(1_000.0), zero_deferrals: false },
+    }
+}
+
+static SPECS: [Spec; 3] = [
     Spec {
         name: "hot_endpoint",
         endpoints: 1,
+        ordering: false,
         loads: &[
             Load {
                 figure: "hot_endpoint",
@@ -79,6 +100,7 @@ static SPECS: [Spec; 2] = [
     Spec {
         name: "fanout_10",
         endpoints: 10,
+        ordering: false,
         loads: &[Load {
             figure: "fanout_10",
             count: Some(3_000),
@@ -86,6 +108,18 @@ static SPECS: [Spec; 2] = [
             duration: CLOSED_LOOP_CAP,
             targets: Targets { every_delivery: true, deliveries_per_s_at_least: Some(2_500.0), p99_ms_at_most: Some(1_000.0), zero_deferrals: false },
         }],
+    },
+    Spec {
+        name: "ordered",
+        endpoints: 1,
+        ordering: true,
+        loads: &[
+            ordered_step("ordered_25_per_s", 25.0),
+            ordered_step("ordered_50_per_s", 50.0),
+            ordered_step("ordered_100_per_s", 100.0),
+            ordered_step("ordered_200_per_s", 200.0),
+            ordered_step("ordered_400_per_s", 400.0),
+        ],
     },
 ];
 
@@ -209,7 +243,11 @@ pub async fn run(args: &Args, names: &[&str]) -> anyhow::Result<Clean> {
     let mut all = Vec::new();
     for name in names {
         let spec = SPECS.iter().find(|s| s.name == *name).with_context(|| format!("no e2e phase '{name}'"))?;
-        for f in run_spec(args, spec).await? {
+        let figures = run_spec(args, spec).await?;
+        if spec.ordering {
+            clean.figures.insert("ordered".into(), ordered_summary(&figures));
+        }
+        for f in figures {
             clean.figures.insert(f.load.figure.into(), f.json());
             clean.targets.insert(f.load.figure.into(), f.load.targets.json());
             all.push(f);
@@ -228,6 +266,20 @@ pub async fn run(args: &Args, names: &[&str]) -> anyhow::Result<Clean> {
     Ok(clean)
 }
 
+/// The `ordered` phase's result: the highest step met, against the poller's ceiling.
+fn ordered_summary(steps: &[Figures]) -> serde_json::Value {
+    let best = steps.iter().filter(|f| f.met()).filter_map(|f| f.load.rate).fold(0.0f64, f64::max);
+    println!(
+        "ordered: highest rate sustained to one ordered Endpoint with p99 under 1 s: {best:.0} events/s; the poller-based original's ceiling: about {POLLER_ORDERED_CEILING_PER_S:.0}/s ({:.0}x)",
+        best / POLLER_ORDERED_CEILING_PER_S
+    );
+    serde_json::json!({
+        "max_sustained_per_s": best,
+        "baseline_poller_ceiling_per_s": POLLER_ORDERED_CEILING_PER_S,
+        "ratio_over_poller": best / POLLER_ORDERED_CEILING_PER_S,
+    })
+}
+
 /// The phases alone (`railhook-bench hot_endpoint fanout_10`): an `e2e` report holding only them.
 pub async fn report(args: &Args, names: &[&str]) -> anyhow::Result<serde_json::Value> {
     let mut report = serde_json::json!({"name": "e2e", "connections": CONNECTIONS, "payload_bytes": 1024, "figures": {}, "targets": {}});
@@ -239,7 +291,7 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
     let (rx, rx_addr) = Receiver::start().await?;
     let mut stack = Stack::start(&args.bin()?, spec.name, true, |_| {}).await?;
     for n in 0..spec.endpoints {
-        stack.endpoint(&format!("http://{rx_addr}/{}/{n}", spec.name), EVENT_TYPE).await?;
+        stack.endpoint_with(&format!("http://{rx_addr}/{}/{n}", spec.name), EVENT_TYPE, spec.ordering).await?;
     }
     let mut out = Vec::new();
     for load in spec.loads {
@@ -248,7 +300,12 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
             "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, worker {}",
             load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.worker
         );
+        let missed = !f.met();
         out.push(f);
+        // A rate ladder (ordered) stops at its first missed step: higher ones would only queue.
+        if spec.ordering && missed {
+            break;
+        }
     }
     stack.check_running()?;
     stack.stop().await;

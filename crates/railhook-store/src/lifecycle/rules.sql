@@ -281,6 +281,7 @@ DECLARE
     ended record;
     freed uuid[] := '{}';
     rel uuid;
+    k bigint;
     n integer := coalesce(cardinality(p_deliveries), 0);
 BEGIN
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
@@ -308,6 +309,20 @@ BEGIN
     freed := array_fill(NULL::uuid, ARRAY[n]);
 
     -- Ordering: cursors and releases, for the ended Deliveries that carry a Sequence Number.
+    -- First the endpoints' claim locks (the claim holds them while it reads a predecessor and
+    -- parks its successor): without them a claim could read the predecessor as PROCESSING
+    -- while this finalise, not yet seeing the park, releases nothing, and the successor would
+    -- wait for its gap timeout. With them, either this release sees the park or the claim
+    -- sees the predecessor ended. In key order, like the claims.
+    FOR k IN
+        SELECT DISTINCT hashtextextended(d.endpoint_id::text, 6570) AS key
+        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
+        JOIN deliveries d ON d.id = t.delivery
+        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL
+        ORDER BY key
+    LOOP
+        PERFORM pg_advisory_xact_lock(k);
+    END LOOP;
     FOR ended IN
         SELECT t.n, d.endpoint_id, d.sequence_number
         FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
