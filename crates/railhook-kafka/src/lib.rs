@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+pub mod announcement;
+pub use announcement::{Announcement, Announcer, Target};
+
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;

@@ -11,6 +11,28 @@ use crate::pgoutput::{Relation, TupleValue};
 /// table changed in a way this build does not understand.
 pub const REQUIRED_COLUMNS: [&str; 5] = ["id", "project_id", "routing_id", "reason", "created_at"];
 
+impl OutboxRow {
+    /// The announcement of this row (`railhook_kafka::announcement`, the relay-worker
+    /// contract). An unknown `reason` is an error, like an unknown column type: the table was
+    /// written by a build this relay does not understand.
+    pub fn announcement(&self) -> Result<railhook_kafka::Announcement, RowError> {
+        use railhook_core::{DeliveryId, DestinationId, EndpointId, ForwardId};
+        let target = match (self.delivery_id, self.forward_id) {
+            (Some(d), _) => railhook_kafka::Target::Delivery { delivery: DeliveryId(d), endpoint: EndpointId(self.routing_id) },
+            (None, Some(f)) => railhook_kafka::Target::Forward { forward: ForwardId(f), destination: DestinationId(self.routing_id) },
+            (None, None) => return Err(RowError::NoTarget(self.id)),
+        };
+        let reason = self.reason.parse().map_err(|_| RowError::BadValue { column: "reason", value: self.reason.clone(), kind: "announcement reason" })?;
+        Ok(railhook_kafka::Announcement {
+            outbox_id: self.id,
+            target,
+            reason,
+            claim_token: self.claim_token.map(railhook_core::ClaimToken),
+            created_at: self.created_at.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRow {
     pub id: i64,

@@ -90,15 +90,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use railhook_config::Config;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureProducer;
-use rdkafka::producer::FutureRecord;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox::OutboxRow;
-use crate::stream::announcement;
 use crate::{RelayError, RelayStats};
 
 /// Wait between polls when the last one found nothing left behind.
@@ -277,25 +273,17 @@ struct Produced {
 
 /// Produces the claimed rows concurrently and waits for every acknowledgement.
 async fn produce_batch(config: &Config, producer: &FutureProducer, rows: &[OutboxRow], stats: &RelayStats) -> Produced {
+    let announcer = railhook_kafka::Announcer::new(producer.clone());
     let mut out = Produced::default();
     let mut pending = Vec::with_capacity(rows.len());
     // Hand everything to the producer first (in id order, so each key keeps its order), then
     // await the acknowledgements together: one round trip's latency per batch, not per row.
     for (i, row) in rows.iter().enumerate() {
-        let (topic, key, value) = announcement(config, row);
-        let outbox_id = row.id.to_string();
-        let headers = OwnedHeaders::new().insert(Header { key: "outbox_id", value: Some(outbox_id.as_bytes()) });
         stats.read.fetch_add(1, Ordering::Relaxed);
-        let sent = loop {
-            let record = FutureRecord::to(&topic).key(&key).payload(&value).headers(headers.clone());
-            match producer.send_result(record) {
-                Ok(delivery) => break Ok(delivery),
-                // The bounded local queue is full: wait for Kafka instead of growing.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
-                }
-                Err((e, _)) => break Err(e.to_string()),
-            }
+        // No commit LSN in poll mode; the Announcer waits while the producer's queue is full.
+        let sent = match row.announcement() {
+            Ok(announcement) => announcer.send(config, &announcement, None).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
         };
         match sent {
             Ok(delivery) => pending.push((row.id, delivery)),

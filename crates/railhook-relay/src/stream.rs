@@ -16,10 +16,8 @@ use futures::StreamExt;
 use pgwire_replication::client::ReplicationEvent;
 use pgwire_replication::{ReplicationClient, ReplicationConfig, TlsConfig};
 use railhook_config::Config;
-use railhook_core::{DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use railhook_core::Lsn;
+use rdkafka::producer::{FutureProducer, Producer};
 use railhook_store::connection::RootCerts;
 use railhook_store::{DatabaseUrl, SslMode};
 use tokio_postgres::config::Host;
@@ -34,8 +32,6 @@ use crate::RelayError;
 pub const MAX_IN_FLIGHT: usize = 10_000;
 /// Transactions seen but not yet confirmable, at most.
 pub const MAX_TXNS_IN_FLIGHT: usize = 100_000;
-/// Version of the message value's layout.
-pub const VALUE_VERSION: u32 = 1;
 
 /// The replication connection's settings, from `database.url` as
 /// [`railhook_store::DatabaseUrl`] reads it: the same `sslmode` (`prefer` tries TLS,
@@ -96,24 +92,10 @@ pub fn replication_config(config: &Config, start: Lsn) -> Result<ReplicationConf
     .with_application_name("railhook-relay"))
 }
 
-/// The Kafka message for one outbox row: topic, key and a small versioned JSON value.
-pub fn announcement(config: &Config, row: &OutboxRow) -> (String, String, Vec<u8>) {
-    let (topic, key, target) = match (row.delivery_id, row.forward_id) {
-        (Some(d), _) => (config.deliveries_topic(), EndpointId(row.routing_id).to_string(), ("delivery_id", DeliveryId(d).to_string())),
-        (None, Some(f)) => (config.forwards_topic(), DestinationId(row.routing_id).to_string(), ("forward_id", ForwardId(f).to_string())),
-        (None, None) => unreachable!("Relations::row refuses rows without a target"),
-    };
-    let mut value = serde_json::json!({
-        "v": VALUE_VERSION,
-        "outbox_id": row.id,
-        "reason": row.reason,
-        "created_at": row.created_at,
-    });
-    value[target.0] = serde_json::Value::String(target.1);
-    if let Some(token) = row.claim_token {
-        value["claim_token"] = serde_json::Value::String(token.to_string());
-    }
-    (topic, key, serde_json::to_vec(&value).unwrap_or_default())
+/// The Kafka message for one outbox row: topic, key and value (`railhook_kafka::announcement`).
+pub fn announcement(config: &Config, row: &OutboxRow) -> Result<(String, String, Vec<u8>), crate::outbox::RowError> {
+    let a = row.announcement()?;
+    Ok((a.topic(config), a.key(), a.to_bytes()))
 }
 
 /// Counts the relay exposes; shared with the metrics layer ([`crate::health::RelayMetrics`]).
@@ -220,6 +202,7 @@ pub async fn stream(
     needs_reannounce: &mut bool,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
+    let announcer = railhook_kafka::Announcer::new(producer.clone());
     let mut client = ReplicationClient::connect(replication_config(&config, start)?).await.map_err(RelayError::from_replication)?;
     tracing::info!(slot = %config.relay.slot_name, %start, "replication started");
     stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -315,25 +298,10 @@ pub async fn stream(
                         Message::Relation(rel) => relations.insert(&rel)?,
                         Message::Insert { relation_id, tuple } => {
                             let row = relations.row(relation_id, &tuple)?;
-                            let (topic, key, value) = announcement(&config, &row);
-                            let outbox_id = row.id.to_string();
-                            let lsn = commit_lsn.to_string();
-                            let headers = OwnedHeaders::new()
-                                .insert(Header { key: "outbox_id", value: Some(outbox_id.as_bytes()) })
-                                .insert(Header { key: "commit_lsn", value: Some(lsn.as_bytes()) });
+                            let announcement = row.announcement()?;
                             let ticket = progress.produced().map_err(|e| RelayError::Replication(e.to_string()))?;
                             stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let delivery = loop {
-                                let record = FutureRecord::to(&topic).key(&key).payload(&value).headers(headers.clone());
-                                match producer.send_result(record) {
-                                    Ok(f) => break f,
-                                    // The bounded local queue is full: wait for Kafka instead of growing.
-                                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                                        tokio::time::sleep(Duration::from_millis(5)).await
-                                    }
-                                    Err((e, _)) => return Err(RelayError::Produce(e.to_string())),
-                                }
-                            };
+                            let delivery = announcer.send(&config, &announcement, Some(commit_lsn)).await.map_err(|e| RelayError::Produce(e.to_string()))?;
                             let committed = commit_time;
                             in_flight.push(async move {
                                 let result = match delivery.await {

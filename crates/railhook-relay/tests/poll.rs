@@ -233,13 +233,13 @@ async fn publishes_every_row_in_order_per_key_and_marks_it_published() {
             assert_eq!(names, ["outbox_id"], "no commit_lsn when polling");
             let row = by_id[&msg.outbox_id()];
             // Byte for byte what the CDC relay would have sent for this row.
-            let (want_topic, want_key, want_value) = railhook_relay::stream::announcement(&config, row);
+            let (want_topic, want_key, want_value) = railhook_relay::stream::announcement(&config, row).unwrap();
             assert_eq!((want_topic.as_str(), want_key.as_str(), want_value.as_slice()), (topic.as_str(), msg.key.as_str(), msg.value.as_slice()));
             per_key.entry(msg.key.clone()).or_default().push(row.id);
         }
         let mut expected: HashMap<String, Vec<i64>> = HashMap::new();
-        for row in rows.iter().filter(|r| railhook_relay::stream::announcement(&config, r).0 == topic) {
-            expected.entry(railhook_relay::stream::announcement(&config, row).1).or_default().push(row.id);
+        for row in rows.iter().filter(|r| railhook_relay::stream::announcement(&config, r).unwrap().0 == topic) {
+            expected.entry(railhook_relay::stream::announcement(&config, row).unwrap().1).or_default().push(row.id);
         }
         assert_eq!(per_key, expected, "{topic}: every row once, in id order per key");
     }

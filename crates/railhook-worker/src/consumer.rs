@@ -54,25 +54,26 @@ impl OffsetTracker {
     }
 }
 
-/// A parsed announcement (the relay's value, version 1).
+/// What the worker takes from an announcement: the Delivery and the scheduler's token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hint {
     pub delivery: railhook_core::DeliveryId,
     pub claim_token: Option<railhook_core::ClaimToken>,
 }
 
-/// Parses a message value; `None` for anything that is not a v1 Delivery announcement.
-pub fn parse_hint(payload: &[u8]) -> Option<Hint> {
-    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    if value.get("v")?.as_u64()? != 1 {
-        return None;
+/// Parses a message (`railhook_kafka::Announcement`, the relay's contract): the hint and its
+/// Endpoint (the key); `None` for anything that is not a Delivery announcement.
+pub fn parse_hint(key: &[u8], payload: &[u8]) -> Option<(railhook_core::EndpointId, Hint)> {
+    match railhook_kafka::Announcement::parse_keyed(key, payload) {
+        Ok(railhook_kafka::Announcement { target: railhook_kafka::Target::Delivery { delivery, endpoint }, claim_token, .. }) => {
+            Some((endpoint, Hint { delivery, claim_token }))
+        }
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "not an announcement");
+            None
+        }
     }
-    let delivery: railhook_core::DeliveryId = value.get("delivery_id")?.as_str()?.parse().ok()?;
-    let claim_token = match value.get("claim_token") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(t) => Some(t.as_str()?.parse().ok()?),
-    };
-    Some(Hint { delivery, claim_token })
 }
 
 #[cfg(test)]
@@ -97,15 +98,20 @@ mod tests {
     }
 
     #[test]
-    fn parses_announcements_and_refuses_anything_else() {
+    fn parses_delivery_announcements_and_refuses_anything_else() {
         let d = railhook_core::DeliveryId::new();
+        let ep = railhook_core::EndpointId::new();
+        let key = ep.to_string();
         let token = railhook_core::ClaimToken::new();
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "retry", "claim_token": token.to_string()});
-        assert_eq!(parse_hint(v.to_string().as_bytes()), Some(Hint { delivery: d, claim_token: Some(token) }));
+        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token) })));
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "created"});
-        assert_eq!(parse_hint(v.to_string().as_bytes()).unwrap().claim_token, None);
-        for bad in [&b"not json"[..], br#"{"v":2,"delivery_id":"x"}"#, br#"{"v":1,"forward_id":"fwd_x"}"#, br#"{"v":1,"delivery_id":"ep_0000"}"#, br#"{"v":1}"#, b"\xff\xfe"] {
-            assert_eq!(parse_hint(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()).unwrap().1.claim_token, None);
+        let forward = serde_json::json!({"v": 1, "forward_id": railhook_core::ForwardId::new().to_string(), "reason": "created"}).to_string();
+        let dst = railhook_core::DestinationId::new().to_string();
+        assert_eq!(parse_hint(dst.as_bytes(), forward.as_bytes()), None, "a Forward is not a Delivery hint");
+        for bad in [&b"not json"[..], br#"{"v":2,"delivery_id":"x"}"#, br#"{"v":1,"delivery_id":"ep_0000"}"#, br#"{"v":1}"#, b"\xff\xfe"] {
+            assert_eq!(parse_hint(key.as_bytes(), bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
 }

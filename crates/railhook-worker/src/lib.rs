@@ -145,14 +145,12 @@ impl Consuming<'_> {
     fn message(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (partition, offset) = (message.partition(), message.offset());
         self.offsets.tracker.started(partition, offset);
-        let Some(hint) = consumer::parse_hint(message.payload().unwrap_or_default()) else {
+        // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
+        let Some((endpoint, hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
             self.runner.metrics.bad_messages.inc();
             self.offsets.done(partition, offset);
             return;
         };
-        // The relay keys every Delivery announcement by its Endpoint; a message without a
-        // usable key shares one queue with the others like it.
-        let endpoint = message.key().and_then(|k| std::str::from_utf8(k).ok()).and_then(|k| k.parse().ok()).unwrap_or(EndpointId(uuid::Uuid::nil()));
         let queued = queues::Queued { hint, place: Some((partition, offset)) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
