@@ -185,6 +185,31 @@ fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
     ((now - PG_EPOCH_UNIX_MICROS - pg_micros).max(0) as f64) / 1e6
 }
 
+/// A message handed to the producer: its progress ticket, its commit's time, and Kafka's
+/// answer when it comes.
+type Acked = (Ticket, i64, Result<(), String>);
+type Reannouncing = tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, RelayError>>;
+
+/// The loop's state between events. The order of the steps inside each method is what
+/// at-least-once rests on: a row's progress ticket is taken before it is handed to Kafka, a
+/// ticket is acknowledged only after Kafka acknowledged its message, and the slot is moved
+/// only to what [`Progress::confirmed`] allows, after each event.
+struct Streaming {
+    config: Arc<Config>,
+    stats: Arc<RelayStats>,
+    announcer: railhook_kafka::Announcer,
+    progress: Progress,
+    relations: Relations,
+    /// Messages Kafka has not acknowledged yet (at most [`MAX_IN_FLIGHT`]).
+    in_flight: FuturesUnordered<std::pin::Pin<Box<dyn std::future::Future<Output = Acked> + Send>>>,
+    /// The transaction being read: its commit's end LSN (the `commit_lsn` header) and time.
+    commit_lsn: Lsn,
+    commit_time: i64,
+    /// The liveness marker's token (see [`stream`]).
+    token: String,
+    reannounce: Option<Reannouncing>,
+}
+
 /// Streams from `start` until `shutdown`, then drains in-flight messages and confirms them.
 ///
 /// Liveness marker: once connected, the relay writes a non-transactional logical message
@@ -202,147 +227,182 @@ pub async fn stream(
     needs_reannounce: &mut bool,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
-    let announcer = railhook_kafka::Announcer::new(producer.clone());
     let mut client = ReplicationClient::connect(replication_config(&config, start)?).await.map_err(RelayError::from_replication)?;
     tracing::info!(slot = %config.relay.slot_name, %start, "replication started");
     stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
     let token = uuid::Uuid::new_v4().to_string();
     emit_marker(&config.database.url, &token).await?;
-    let mut reannounce: Option<tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, RelayError>>> = None;
-    let mut progress = Progress::new(start);
-    let mut relations = Relations::default();
-    let mut in_flight = FuturesUnordered::new();
-    let mut commit_lsn = Lsn::ZERO;
-    let mut commit_time = 0i64;
+    let mut s = Streaming {
+        announcer: railhook_kafka::Announcer::new(producer.clone()),
+        progress: Progress::new(start),
+        relations: Relations::default(),
+        in_flight: FuturesUnordered::new(),
+        commit_lsn: Lsn::ZERO,
+        commit_time: 0,
+        token,
+        reannounce: None,
+        config,
+        stats,
+    };
     let mut stopping = false;
     let mut drain_deadline = tokio::time::Instant::now();
     let mut reported = start;
-
     loop {
         // Bounded in messages and in transactions (a run of transactions without outbox rows
         // still queues one entry each until its commit is confirmable).
-        let reading = !stopping && in_flight.len() < MAX_IN_FLIGHT && progress.in_flight() < MAX_TXNS_IN_FLIGHT;
+        let reading = !stopping && s.in_flight.len() < MAX_IN_FLIGHT && s.progress.in_flight() < MAX_TXNS_IN_FLIGHT;
         tokio::select! {
             biased;
-            Some((ticket, committed, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                let (ticket, committed, result): (Ticket, i64, Result<(), String>) = (ticket, committed, result);
-                match result {
-                    Ok(()) => {
-                        progress.acked(ticket);
-                        stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
-                        stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        stats.produce_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        // librdkafka already retried within its delivery timeout. Exit without
-                        // confirming: the restart replays from the slot.
-                        return Err(RelayError::Produce(e));
-                    }
-                }
-            }
-            done = async { reannounce.as_mut().expect("guarded").await }, if reannounce.is_some() => {
-                reannounce = None;
-                match done {
-                    Ok(Ok(n)) => {
-                        *needs_reannounce = false;
-                        if n.deliveries + n.forwards > 0 {
-                            tracing::warn!(slot = %config.relay.slot_name, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
-                        } else {
-                            tracing::info!(slot = %config.relay.slot_name, "slot created; nothing PENDING to re-announce");
-                        }
-                    }
-                    Ok(Err(e)) => return Err(e),
-                    Err(e) => return Err(RelayError::Replication(format!("re-announcement task: {e}"))),
-                }
-            }
+            Some(acked) = s.in_flight.next(), if !s.in_flight.is_empty() => s.acked(acked)?,
+            done = async { s.reannounce.as_mut().expect("guarded").await }, if s.reannounce.is_some() => s.reannounced(done, needs_reannounce)?,
             _ = shutdown.cancelled(), if !stopping => {
-                tracing::info!(in_flight = in_flight.len(), "relay stopping: draining acknowledgements");
+                tracing::info!(in_flight = s.in_flight.len(), "relay stopping: draining acknowledgements");
                 stopping = true;
                 drain_deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
             }
             _ = tokio::time::sleep_until(drain_deadline), if stopping => {
-                tracing::warn!(in_flight = in_flight.len(), "Kafka did not acknowledge everything within the drain timeout; stopping without confirming it (the next start replays it)");
+                tracing::warn!(in_flight = s.in_flight.len(), "Kafka did not acknowledge everything within the drain timeout; stopping without confirming it (the next start replays it)");
                 break;
             }
-            event = client.recv(), if reading => {
-                match event.map_err(RelayError::from_replication)? {
-                    None => return Err(RelayError::StreamEnded),
-                    Some(ReplicationEvent::Begin { final_lsn, commit_time_micros, .. }) => {
-                        commit_lsn = Lsn(final_lsn.as_u64());
-                        commit_time = commit_time_micros;
-                        progress.begin().map_err(|e| RelayError::Replication(e.to_string()))?;
-                    }
-                    Some(ReplicationEvent::Commit { end_lsn, .. }) => progress.commit(Lsn(end_lsn.as_u64())).map_err(|e| RelayError::Replication(e.to_string()))?,
-                    Some(ReplicationEvent::KeepAlive { wal_end, .. }) => progress.idle_at(Lsn(wal_end.as_u64())),
-                    // A non-transactional logical message (the heartbeat of
-                    // [`crate::health::sample_loop`]) is a WAL position like a keepalive's.
-                    Some(ReplicationEvent::Message { transactional: false, lsn, prefix, content }) => {
-                        progress.idle_at(Lsn(lsn.as_u64()));
-                        if prefix == LIVE_PREFIX && content.as_ref() == token.as_bytes() {
-                            stats.live.store(true, std::sync::atomic::Ordering::Relaxed);
-                            tracing::info!(slot = %config.relay.slot_name, "stream is live");
-                            if *needs_reannounce && reannounce.is_none() {
-                                let url = config.database.url.clone();
-                                reannounce = Some(tokio::spawn(async move {
-                                    let (client, conn) = crate::connect(&url).await?;
-                                    let result = crate::reannounce::reannounce_pending(&client).await;
-                                    conn.abort();
-                                    Ok(result?)
-                                }));
-                            }
-                        }
-                    }
-                    Some(ReplicationEvent::Message { .. }) => {}
-                    Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
-                    Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
-                        Message::Relation(rel) => relations.insert(&rel)?,
-                        Message::Insert { relation_id, tuple } => {
-                            let row = relations.row(relation_id, &tuple)?;
-                            let announcement = row.announcement()?;
-                            let ticket = progress.produced().map_err(|e| RelayError::Replication(e.to_string()))?;
-                            stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let delivery = announcer.send(&config, &announcement, Some(commit_lsn)).await.map_err(|e| RelayError::Produce(e.to_string()))?;
-                            let committed = commit_time;
-                            in_flight.push(async move {
-                                let result = match delivery.await {
-                                    Ok(Ok(_)) => Ok(()),
-                                    Ok(Err((e, _))) => Err(e.to_string()),
-                                    Err(_) => Err("producer dropped the message".to_string()),
-                                };
-                                (ticket, committed, result)
-                            });
-                        }
-                        Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
-                    },
-                }
-            }
+            event = client.recv(), if reading => s.event(event.map_err(RelayError::from_replication)?, *needs_reannounce).await?,
         }
-        stats.in_flight.store(in_flight.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let confirmed = progress.confirmed();
+        s.stats.in_flight.store(s.in_flight.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let confirmed = s.progress.confirmed();
         if confirmed > reported {
             // Only raises wake the replication worker.
             client.update_applied_lsn(pgwire_replication::Lsn::from_u64(confirmed.0));
-            stats.confirmed_lsn.store(confirmed.0, std::sync::atomic::Ordering::Relaxed);
+            s.stats.confirmed_lsn.store(confirmed.0, std::sync::atomic::Ordering::Relaxed);
             reported = confirmed;
         }
-        if stopping && in_flight.is_empty() {
+        if stopping && s.in_flight.is_empty() {
             break;
         }
     }
-    let flush_started = Instant::now();
-    // The flush is quick (nothing is in flight, or the drain timed out), but it blocks, so
-    // not on this thread.
-    let flushing = producer.clone();
-    let flush_for = if in_flight.is_empty() { Duration::from_secs(30) } else { Duration::from_secs(1) };
-    drop(in_flight);
-    if let Err(e) = tokio::task::spawn_blocking(move || flushing.flush(flush_for)).await.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
-        tracing::warn!(error = %e, "producer flush at shutdown");
+    s.finish(client, producer).await
+}
+
+impl Streaming {
+    /// Kafka answered for one message: its ticket counts towards the confirmable position, or
+    /// the stream ends unconfirmed (librdkafka already retried within its delivery timeout;
+    /// the restart replays from the slot).
+    fn acked(&mut self, (ticket, committed, result): Acked) -> Result<(), RelayError> {
+        match result {
+            Ok(()) => {
+                self.progress.acked(ticket);
+                self.stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
+                self.stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.produce_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(RelayError::Produce(e))
+            }
+        }
     }
-    client.shutdown().await.map_err(RelayError::from_replication)?;
-    let confirmed = progress.confirmed();
-    match final_confirm(&config, confirmed, Duration::from_secs(5)).await {
-        Ok(at) => tracing::info!(confirmed = %at, flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped; final position confirmed"),
-        Err(e) => tracing::warn!(error = %e, %confirmed, "relay stopped, but the final position was not confirmed; the next start replays from the slot"),
+
+    fn reannounced(&mut self, done: Result<Result<crate::reannounce::Reannounced, RelayError>, tokio::task::JoinError>, needs_reannounce: &mut bool) -> Result<(), RelayError> {
+        self.reannounce = None;
+        let slot = &self.config.relay.slot_name;
+        match done {
+            Ok(Ok(n)) => {
+                *needs_reannounce = false;
+                if n.deliveries + n.forwards > 0 {
+                    tracing::warn!(%slot, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
+                } else {
+                    tracing::info!(%slot, "slot created; nothing PENDING to re-announce");
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(RelayError::Replication(format!("re-announcement task: {e}"))),
+        }
     }
-    Ok(())
+
+    /// One replication event.
+    async fn event(&mut self, event: Option<ReplicationEvent>, needs_reannounce: bool) -> Result<(), RelayError> {
+        let progress_error = |e: crate::progress::OrderError| RelayError::Replication(e.to_string());
+        match event {
+            None => return Err(RelayError::StreamEnded),
+            Some(ReplicationEvent::Begin { final_lsn, commit_time_micros, .. }) => {
+                self.commit_lsn = Lsn(final_lsn.as_u64());
+                self.commit_time = commit_time_micros;
+                self.progress.begin().map_err(progress_error)?;
+            }
+            Some(ReplicationEvent::Commit { end_lsn, .. }) => self.progress.commit(Lsn(end_lsn.as_u64())).map_err(progress_error)?,
+            Some(ReplicationEvent::KeepAlive { wal_end, .. }) => self.progress.idle_at(Lsn(wal_end.as_u64())),
+            // A non-transactional logical message (the heartbeat of
+            // [`crate::health::sample_loop`]) is a WAL position like a keepalive's.
+            Some(ReplicationEvent::Message { transactional: false, lsn, prefix, content }) => {
+                self.progress.idle_at(Lsn(lsn.as_u64()));
+                if prefix == LIVE_PREFIX && content.as_ref() == self.token.as_bytes() {
+                    self.live(needs_reannounce);
+                }
+            }
+            Some(ReplicationEvent::Message { .. }) => {}
+            Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
+            Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
+                Message::Relation(rel) => self.relations.insert(&rel)?,
+                Message::Insert { relation_id, tuple } => {
+                    let row = self.relations.row(relation_id, &tuple)?;
+                    self.produce(&row).await?;
+                }
+                Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
+            },
+        }
+        Ok(())
+    }
+
+    /// The liveness marker came back: the stream is live; re-announce now if the slot is new.
+    fn live(&mut self, needs_reannounce: bool) {
+        self.stats.live.store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(slot = %self.config.relay.slot_name, "stream is live");
+        if needs_reannounce && self.reannounce.is_none() {
+            let url = self.config.database.url.clone();
+            self.reannounce = Some(tokio::spawn(async move {
+                let (client, conn) = crate::connect(&url).await?;
+                let result = crate::reannounce::reannounce_pending(&client).await;
+                conn.abort();
+                Ok(result?)
+            }));
+        }
+    }
+
+    /// One outbox insert: its ticket first, then the message to Kafka (waiting while the
+    /// producer's queue is full), then its acknowledgement awaited among the others.
+    async fn produce(&mut self, row: &OutboxRow) -> Result<(), RelayError> {
+        let announcement = row.announcement()?;
+        let ticket = self.progress.produced().map_err(|e| RelayError::Replication(e.to_string()))?;
+        self.stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let delivery = self.announcer.send(&self.config, &announcement, Some(self.commit_lsn)).await.map_err(|e| RelayError::Produce(e.to_string()))?;
+        let committed = self.commit_time;
+        self.in_flight.push(Box::pin(async move {
+            let result = match delivery.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((e, _))) => Err(e.to_string()),
+                Err(_) => Err("producer dropped the message".to_string()),
+            };
+            (ticket, committed, result)
+        }));
+        Ok(())
+    }
+
+    /// After the loop: flush the producer, close the stream, and move the slot to the final
+    /// confirmed position (a status update may not have carried it yet).
+    async fn finish(self, mut client: ReplicationClient, producer: FutureProducer) -> Result<(), RelayError> {
+        let flush_started = Instant::now();
+        // The flush is quick (nothing is in flight, or the drain timed out), but it blocks, so
+        // not on this thread.
+        let flush_for = if self.in_flight.is_empty() { Duration::from_secs(30) } else { Duration::from_secs(1) };
+        drop(self.in_flight);
+        if let Err(e) = tokio::task::spawn_blocking(move || producer.flush(flush_for)).await.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            tracing::warn!(error = %e, "producer flush at shutdown");
+        }
+        client.shutdown().await.map_err(RelayError::from_replication)?;
+        let confirmed = self.progress.confirmed();
+        match final_confirm(&self.config, confirmed, Duration::from_secs(5)).await {
+            Ok(at) => tracing::info!(confirmed = %at, flush_ms = flush_started.elapsed().as_millis() as u64, "relay stopped; final position confirmed"),
+            Err(e) => tracing::warn!(error = %e, %confirmed, "relay stopped, but the final position was not confirmed; the next start replays from the slot"),
+        }
+        Ok(())
+    }
 }
