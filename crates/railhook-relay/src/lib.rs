@@ -38,6 +38,9 @@ pub enum RelayError {
     Store(#[from] railhook_store::StoreError),
     #[error("replication stream: {0}")]
     Replication(String),
+    /// Another walsender streams from the slot (SQLSTATE 55006): this relay is the standby.
+    #[error("replication slot in use: {0}")]
+    SlotInUse(String),
     #[error("replication stream ended")]
     StreamEnded,
     #[error("decoding pgoutput: {0}")]
@@ -55,11 +58,17 @@ impl RelayError {
     /// fix: they end the relay ([`RelayError::is_fatal`]) instead of being retried.
     fn from_replication(e: pgwire_replication::PgWireError) -> RelayError {
         use pgwire_replication::PgWireError;
+        use tokio_postgres::error::SqlState;
         match &e {
             PgWireError::Auth(m) => RelayError::Misconfigured(format!("replication connection: authentication failed: {m}")),
-            PgWireError::Server(m) if m.contains("SQLSTATE 28") => {
-                RelayError::Misconfigured(format!("replication connection: authentication failed: {m}"))
-            }
+            PgWireError::Server(m) => match server_sqlstate(m) {
+                // Class 28: invalid authorization specification.
+                Some(code) if code.code().starts_with("28") => {
+                    RelayError::Misconfigured(format!("replication connection: authentication failed: {m}"))
+                }
+                Some(code) if code == SqlState::OBJECT_IN_USE => RelayError::SlotInUse(m.clone()),
+                _ => RelayError::Replication(e.to_string()),
+            },
             PgWireError::Tls(m) if m.starts_with("TLS config error") => RelayError::Misconfigured(format!("replication connection: {m}")),
             _ => RelayError::Replication(e.to_string()),
         }
@@ -117,8 +126,18 @@ impl RelayError {
     }
 
     fn is_slot_in_use(&self) -> bool {
-        matches!(self, RelayError::Replication(m) if m.contains("is active for PID"))
+        matches!(self, RelayError::SlotInUse(_))
     }
+}
+
+/// The SQLSTATE of a server error as pgwire-replication reports it: the server's error
+/// response flattened to text that ends in `(SQLSTATE xxxxx)` (its `parse_error_response`).
+/// The code is the only stable part of that text; the message is the server's, in its
+/// language.
+fn server_sqlstate(message: &str) -> Option<tokio_postgres::error::SqlState> {
+    let (_, rest) = message.rsplit_once("(SQLSTATE ")?;
+    let code = rest.strip_suffix(')')?;
+    (code.len() == 5 && code.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| tokio_postgres::error::SqlState::from_code(code))
 }
 
 /// Runs the relay in the configured mode until `shutdown`: the CDC supervisor or the poller,
@@ -314,4 +333,27 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire_replication::PgWireError;
+
+    #[test]
+    fn replication_errors_are_classified_by_sqlstate() {
+        let server = |m: &str| RelayError::from_replication(PgWireError::Server(m.into()));
+        // What pgwire-replication makes of Postgres 15's answers.
+        assert!(server("replication slot \"rh\" is active for PID 4242 (SQLSTATE 55006)").is_slot_in_use());
+        assert!(matches!(server("password authentication failed for user \"x\" (SQLSTATE 28P01)"), RelayError::Misconfigured(_)));
+        assert!(matches!(server("no pg_hba.conf entry for replication connection (SQLSTATE 28000)"), RelayError::Misconfigured(_)));
+        // The message text alone decides nothing: a translated server says it otherwise.
+        assert!(server("le slot de réplication est actif pour le PID 4242 (SQLSTATE 55006)").is_slot_in_use());
+        assert!(!server("replication slot \"rh\" is active for PID 4242").is_slot_in_use(), "no code: not classified");
+        let other = server("could not open file (SQLSTATE 58P01)");
+        assert!(matches!(other, RelayError::Replication(_)) && !other.is_fatal());
+        assert_eq!(server_sqlstate("x (SQLSTATE 55006)"), Some(tokio_postgres::error::SqlState::OBJECT_IN_USE));
+        assert_eq!(server_sqlstate("x (SQLSTATE 5500)"), None);
+        assert_eq!(server_sqlstate("unknown server error"), None);
+    }
 }
