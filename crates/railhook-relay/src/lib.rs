@@ -104,7 +104,7 @@ fn auth_failed(e: &(dyn std::error::Error + 'static)) -> String {
 /// `None` (after a warning naming `what`) when Postgres cannot be reached this time.
 pub(crate) async fn reconnect<'a>(url: &str, slot: &'a mut Option<tokio_postgres::Client>, what: &str) -> Option<&'a tokio_postgres::Client> {
     if slot.as_ref().is_none_or(|c| c.is_closed()) {
-        *slot = match railhook_store::connect(url).await {
+        *slot = match railhook_store::connect_as(url, railhook_store::application::RELAY).await {
             Ok((c, _conn)) => Some(c),
             Err(e) => {
                 tracing::warn!(error = %e, "{what}: cannot connect to Postgres");
@@ -116,7 +116,7 @@ pub(crate) async fn reconnect<'a>(url: &str, slot: &'a mut Option<tokio_postgres
 }
 
 pub(crate) async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), RelayError> {
-    railhook_store::connect(url).await.map_err(RelayError::from_connect)
+    railhook_store::connect_as(url, railhook_store::application::RELAY).await.map_err(RelayError::from_connect)
 }
 
 /// Whether an error ends the relay (the operator must act) or is retried from the slot.

@@ -40,6 +40,17 @@ async fn relays_committed_inserts_in_order_per_key_and_confirms_after_acks() {
     let relay = Relay::start(&config);
     let name = config.relay.slot_name.clone();
     relay.live().await;
+    // Its connections name themselves for pg_stat_activity (the walsender's, and the ones the
+    // marker, the health sampler and the cleanup open).
+    eventually(Duration::from_secs(20), "a connection named railhook-relay", || async {
+        let n: i64 = client
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'railhook-relay' AND backend_type = 'client backend'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (n > 0).then_some(())
+    })
+    .await;
 
     let project = Uuid::now_v7();
     let endpoints: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
