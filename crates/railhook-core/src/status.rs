@@ -103,6 +103,27 @@ macro_rules! text_enum {
                 text.parse().map_err(serde::de::Error::custom)
             }
         }
+
+        /// Bound and read as the SQL text it is stored as; an unknown word read from the
+        /// database is an error, not a silent default.
+        impl postgres_types::ToSql for $name {
+            fn to_sql(
+                &self,
+                ty: &postgres_types::Type,
+                out: &mut bytes::BytesMut,
+            ) -> Result<postgres_types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                self.as_str().to_sql(ty, out)
+            }
+            postgres_types::accepts!(TEXT, VARCHAR);
+            postgres_types::to_sql_checked!();
+        }
+
+        impl<'a> postgres_types::FromSql<'a> for $name {
+            fn from_sql(ty: &postgres_types::Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+                Ok(<&str as postgres_types::FromSql>::from_sql(ty, raw)?.parse::<$name>()?)
+            }
+            postgres_types::accepts!(TEXT, VARCHAR);
+        }
     };
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use railhook_core::{AnnouncementReason, ClaimToken, DeliveryId, DestinationId, EndpointId, ForwardId, ProjectId};
 use uuid::Uuid;
 
 use crate::pgoutput::{Relation, TupleValue};
@@ -16,33 +17,26 @@ impl OutboxRow {
     /// contract). An unknown `reason` is an error, like an unknown column type: the table was
     /// written by a build this relay does not understand.
     pub fn announcement(&self) -> Result<railhook_kafka::Announcement, RowError> {
-        use railhook_core::{DeliveryId, DestinationId, EndpointId, ForwardId};
         let target = match (self.delivery_id, self.forward_id) {
-            (Some(d), _) => railhook_kafka::Target::Delivery { delivery: DeliveryId(d), endpoint: EndpointId(self.routing_id) },
-            (None, Some(f)) => railhook_kafka::Target::Forward { forward: ForwardId(f), destination: DestinationId(self.routing_id) },
+            (Some(delivery), _) => railhook_kafka::Target::Delivery { delivery, endpoint: EndpointId(self.routing_id) },
+            (None, Some(forward)) => railhook_kafka::Target::Forward { forward, destination: DestinationId(self.routing_id) },
             (None, None) => return Err(RowError::NoTarget(self.id)),
         };
-        let reason = self.reason.parse().map_err(|_| RowError::BadValue { column: "reason", value: self.reason.clone(), kind: "announcement reason" })?;
-        Ok(railhook_kafka::Announcement {
-            outbox_id: self.id,
-            target,
-            reason,
-            claim_token: self.claim_token.map(railhook_core::ClaimToken),
-            created_at: self.created_at.clone(),
-        })
+        Ok(railhook_kafka::Announcement { outbox_id: self.id, target, reason: self.reason, claim_token: self.claim_token, created_at: self.created_at.clone() })
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRow {
     pub id: i64,
-    pub project_id: Uuid,
-    pub delivery_id: Option<Uuid>,
-    pub forward_id: Option<Uuid>,
-    /// The Kafka key: endpoint id for deliveries, destination id for forwards.
+    pub project_id: ProjectId,
+    pub delivery_id: Option<DeliveryId>,
+    pub forward_id: Option<ForwardId>,
+    /// The Kafka key: the Endpoint's id for a Delivery, the Destination's for a Forward
+    /// (typed in [`OutboxRow::announcement`], once it is known which).
     pub routing_id: Uuid,
-    pub reason: String,
-    pub claim_token: Option<Uuid>,
+    pub reason: AnnouncementReason,
+    pub claim_token: Option<ClaimToken>,
     /// As Postgres printed it (`2026-12-02 12:51:29.118468+00`).
     pub created_at: String,
 }
@@ -112,14 +106,15 @@ impl Relations {
         }
         let id = text(tuple, l.id, "id")?.ok_or(RowError::Null("id"))?;
         let id: i64 = id.parse().map_err(|_| RowError::BadValue { column: "id", value: id.to_string(), kind: "bigint" })?;
+        let reason = text(tuple, l.reason, "reason")?.ok_or(RowError::Null("reason"))?;
         let row = OutboxRow {
             id,
-            project_id: uuid(tuple, Some(l.project_id), "project_id")?.ok_or(RowError::Null("project_id"))?,
-            delivery_id: uuid(tuple, l.delivery_id, "delivery_id")?,
-            forward_id: uuid(tuple, l.forward_id, "forward_id")?,
+            project_id: uuid(tuple, Some(l.project_id), "project_id")?.map(ProjectId).ok_or(RowError::Null("project_id"))?,
+            delivery_id: uuid(tuple, l.delivery_id, "delivery_id")?.map(DeliveryId),
+            forward_id: uuid(tuple, l.forward_id, "forward_id")?.map(ForwardId),
             routing_id: uuid(tuple, Some(l.routing_id), "routing_id")?.ok_or(RowError::Null("routing_id"))?,
-            reason: text(tuple, l.reason, "reason")?.ok_or(RowError::Null("reason"))?.to_string(),
-            claim_token: uuid(tuple, l.claim_token, "claim_token")?,
+            reason: reason.parse().map_err(|_| RowError::BadValue { column: "reason", value: reason.to_string(), kind: "announcement reason" })?,
+            claim_token: uuid(tuple, l.claim_token, "claim_token")?.map(ClaimToken),
             created_at: text(tuple, l.created_at, "created_at")?.ok_or(RowError::Null("created_at"))?.to_string(),
         };
         if row.delivery_id.is_none() && row.forward_id.is_none() {
@@ -161,8 +156,8 @@ mod tests {
         let Message::Insert { relation_id, tuple } = decode(&bytes(INSERT_2)).unwrap() else { panic!() };
         let row = relations.row(relation_id, &tuple).unwrap();
         assert_eq!(row.id, 2);
-        assert_eq!(row.reason, "retry");
-        assert_eq!(row.delivery_id, Some("0190f0a0-0000-7000-8000-000000000004".parse().unwrap()));
+        assert_eq!(row.reason, AnnouncementReason::Retry);
+        assert_eq!(row.delivery_id, Some(DeliveryId("0190f0a0-0000-7000-8000-000000000004".parse().unwrap())));
         assert_eq!(row.routing_id, "0190f0a0-0000-7000-8000-000000000003".parse::<Uuid>().unwrap());
         assert_eq!(row.forward_id, None);
         assert!(row.created_at.starts_with("2026-12-02"));

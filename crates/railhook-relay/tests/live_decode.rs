@@ -50,7 +50,7 @@ async fn decodes_what_the_server_emits_for_outbox_inserts() {
                 commits += 1;
             }
             Message::Relation(rel) => relations.insert(&rel).unwrap(),
-            Message::Insert { relation_id, tuple } => got.push(relations.row(relation_id, &tuple).unwrap().delivery_id.unwrap()),
+            Message::Insert { relation_id, tuple } => got.push(relations.row(relation_id, &tuple).unwrap().delivery_id.unwrap().0),
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -291,14 +291,14 @@ async fn claim_caps_each_project_round_robin_over_its_endpoints() {
     let q_ids = insert(&client, q, &[q_endpoint; 3]).await;
 
     let claim = poll::claim_batch(&client, &Limits::default()).await.unwrap();
-    let of_project = |project: Uuid| claim.rows.iter().filter(|r| r.project_id == project).count();
+    let of_project = |project: Uuid| claim.rows.iter().filter(|r| r.project_id.0 == project).count();
     assert_eq!(of_project(p), 30, "project cap");
     assert_eq!(of_project(q), 3, "the cap is per project");
     for e in &endpoints {
         let got: Vec<i64> = claim.rows.iter().filter(|r| r.routing_id == *e).map(|r| r.id).collect();
         assert_eq!(got, ids_of[e][..6], "six oldest of each of the five endpoints");
     }
-    let got_q: Vec<i64> = claim.rows.iter().filter(|r| r.project_id == q).map(|r| r.id).collect();
+    let got_q: Vec<i64> = claim.rows.iter().filter(|r| r.project_id.0 == q).map(|r| r.id).collect();
     assert_eq!(got_q, q_ids);
 }
 
@@ -315,7 +315,7 @@ async fn claim_caps_the_batch_round_robin_over_projects() {
     let claim = poll::claim_batch(&client, &limits).await.unwrap();
     assert_eq!(claim.rows.len(), 12);
     for p in &projects {
-        assert_eq!(claim.rows.iter().filter(|r| r.project_id == *p).count(), 3, "each project its share");
+        assert_eq!(claim.rows.iter().filter(|r| r.project_id.0 == *p).count(), 3, "each project its share");
     }
     assert_eq!(claim.left_behind, 120 - 12);
 }
