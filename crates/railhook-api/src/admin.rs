@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Operator};
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -28,7 +30,7 @@ pub fn check_name(name: &str) -> Result<&str, ApiError> {
 /// Create an organization.
 #[utoipa::path(post, path = "/v1/admin/organizations", tag = "admin", request_body = CreateNamed,
     security(("admin_token" = [])),
-    responses((status = 201, body = Organization), (status = 403, description = "Admin routes disabled", body = crate::openapi::ErrorBody), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 201, body = Organization), (status = 403, description = "Admin routes disabled", body = crate::error::ErrorBody), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create_organization(
     _: Operator,
     State(state): State<AppState>,
@@ -52,7 +54,7 @@ pub struct ProjectCreated {
 #[utoipa::path(post, path = "/v1/admin/organizations/{org_id}/projects", tag = "admin", request_body = CreateNamed,
     params(("org_id" = String, Path, description = "Organization id (org_...)")),
     security(("admin_token" = [])),
-    responses((status = 201, body = ProjectCreated), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 201, body = ProjectCreated), NotFound, BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create_project(
     _: Operator,
     State(state): State<AppState>,

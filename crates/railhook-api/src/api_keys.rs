@@ -11,6 +11,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::List;
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +24,7 @@ pub struct CreateApiKey {
 /// Create an API key for the caller's project; the secret is shown only in this response.
 #[utoipa::path(post, path = "/v1/api-keys", tag = "api-keys", request_body = CreateApiKey,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = NewApiKey), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 201, body = NewApiKey), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -41,7 +43,7 @@ pub async fn create(
 /// List the project's API keys, without their secrets.
 #[utoipa::path(get, path = "/v1/api-keys", tag = "api-keys",
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<ApiKey>), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<ApiKey>), Unauthorized, Unavailable))]
 pub async fn list(Project(principal): Project, State(state): State<AppState>) -> ApiResult<Json<List<ApiKey>>> {
     let client = state.pool.get().await?;
     let keys = tenancy::list_api_keys(&**client, principal.project_id).await?;
@@ -52,7 +54,7 @@ pub async fn list(Project(principal): Project, State(state): State<AppState>) ->
 #[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "api-keys",
     params(("id" = String, Path, description = "API key id (key_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Revoked"), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 204, description = "Revoked"), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn revoke(
     Project(principal): Project,
     State(state): State<AppState>,

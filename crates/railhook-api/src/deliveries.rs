@@ -25,6 +25,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::{page, List, PageParams};
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 /// Attempts a retry adds; 1 when not given.
 pub const EXTRA_ATTEMPTS: RangeInclusive<i64> = 1..=20;
@@ -111,7 +113,7 @@ pub struct ListQuery {
            ("created_after" = Option<String>, Query, description = "RFC 3339, inclusive"), ("created_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Delivery>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<Delivery>), BadRequest, Unauthorized, Unavailable))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -147,7 +149,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id (dlv_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Delivery), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = Delivery), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Delivery>> {
     let id: DeliveryId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -167,7 +169,7 @@ pub struct PageQuery {
     params(("id" = String, Path, description = "Delivery id (dlv_...)"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Attempt>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<Attempt>), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn attempts(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -201,8 +203,8 @@ pub struct RetryDelivery {
     params(("id" = String, Path, description = "Delivery id (dlv_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Back on the ladder", body = Delivery),
-        (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::openapi::ErrorBody),
-        (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+        (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::error::ErrorBody),
+        BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn retry(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -245,7 +247,7 @@ pub struct FailedQuery {
            ("completed_after" = Option<String>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<FailedMessage>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<FailedMessage>), BadRequest, Unauthorized, Unavailable))]
 pub async fn failed(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -342,7 +344,7 @@ fn ids_or_filter(field: &str, message: &str) -> ApiError {
 #[utoipa::path(post, path = "/v1/failed-messages/retry", tag = "failed-messages", request_body = BulkRetry,
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Those retried, and (by ids) those skipped", body = BulkRetried),
-        (status = 400, description = "Malformed JSON, or not exactly one of ids and filter (code ids_or_filter)", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+        (status = 400, description = "Malformed JSON, or not exactly one of ids and filter (code ids_or_filter)", body = crate::error::ErrorBody), Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn retry_failed(
     Project(principal): Project,
     State(state): State<AppState>,

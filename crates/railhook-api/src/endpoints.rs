@@ -25,6 +25,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{not_null, present, parse_id, ApiJson, Project};
 use crate::pagination::{page, List, PageParams};
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 /// How long a host name may take to resolve when an Endpoint URL is checked.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -205,7 +207,7 @@ fn secret_or_generated(given: Option<&str>) -> Result<EndpointSecret, ApiError> 
 /// secret is generated unless given, and is read through `GET /v1/endpoints/{id}/secret`.
 #[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = Endpoint), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 201, body = Endpoint), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -242,7 +244,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints",
     params(("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Endpoint>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<Endpoint>), BadRequest, Unauthorized, Unavailable))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -260,7 +262,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Endpoint), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = Endpoint), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Endpoint>> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -272,7 +274,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints", request_body = UpdateEndpoint,
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Endpoint), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = Endpoint), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn update(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -304,7 +306,7 @@ pub async fn update(
 #[utoipa::path(delete, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Deleted"), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 204, description = "Deleted"), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -323,7 +325,7 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
     request_body(content = RotateSecret, description = "Optional; may be left out entirely"),
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = SecretRotated), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = SecretRotated), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn rotate_secret(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -347,7 +349,7 @@ pub async fn rotate_secret(
 #[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = EndpointSecretView), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = EndpointSecretView), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn secret(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<EndpointSecretView>> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

@@ -97,3 +97,46 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Every error body, as the OpenAPI document describes it:
+/// `{"error": {"code", "message", "field"}}`, as every error response carries it.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorDetail {
+    /// Machine-readable, e.g. `invalid_field`, `not_found`, `idempotency_key_reused`.
+    code: String,
+    message: String,
+    /// The field, header or parameter at fault, when there is one.
+    field: Option<String>,
+}
+
+/// The error responses many routes share, each declared once for the OpenAPI document: a
+/// route lists the ones it can answer (`responses((status = 200, body = X), BadRequest,
+/// Unauthorized, Unavailable)`).
+pub mod responses {
+    use super::ErrorBody;
+
+    macro_rules! error_response {
+        ($(#[$doc:meta])* $name:ident, $status:literal, $description:literal) => {
+            $(#[$doc])*
+            #[derive(utoipa::IntoResponses)]
+            #[response(status = $status, description = $description)]
+            #[allow(dead_code)]
+            pub struct $name(ErrorBody);
+        };
+    }
+
+    error_response!(BadRequest, 400, "Malformed JSON, id or query");
+    error_response!(Unauthorized, 401, "Missing or invalid credentials");
+    error_response!(NotFound, 404, "Not found (or another project's)");
+    error_response!(PayloadTooLarge, 413, "Body over api.max_body_bytes");
+    error_response!(UnsupportedMediaType, 415, "Not application/json");
+    error_response!(InvalidField, 422, "A field is invalid");
+    error_response!(Unavailable, 503, "Database unavailable");
+}

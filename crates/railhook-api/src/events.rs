@@ -15,6 +15,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::{page, PageParams};
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 pub const IDEMPOTENCY_KEY_MAX: usize = 255;
 
@@ -61,8 +63,8 @@ fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
     responses(
         (status = 201, description = "Created", body = railhook_store::events::Event),
         (status = 200, description = "Replayed: the Event this Idempotency-Key created (header Idempotent-Replayed: true)", body = railhook_store::events::Event),
-        (status = 409, description = "Idempotency-Key used with another type or payload", body = crate::openapi::ErrorBody),
-        (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+        (status = 409, description = "Idempotency-Key used with another type or payload", body = crate::error::ErrorBody),
+        BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -127,7 +129,7 @@ fn time_param(field: &'static str, raw: &Option<String>) -> Result<Option<DateTi
            ("to" = Option<String>, Query, description = "RFC 3339, exclusive"), ("limit" = Option<i64>, Query, description = "1-200, default 50"),
            ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), BadRequest, Unauthorized, Unavailable))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -155,7 +157,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
     params(("id" = String, Path, description = "Event id (evt_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = railhook_store::events::Event), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = railhook_store::events::Event), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id: EventId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

@@ -3,24 +3,9 @@
 
 use axum::Json;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-/// Every error body: `{"error": {"code", "message", "field"}}`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorDetail {
-    /// Machine-readable, e.g. `invalid_field`, `not_found`, `idempotency_key_reused`.
-    code: String,
-    message: String,
-    /// The field, header or parameter at fault, when there is one.
-    field: Option<String>,
-}
+use crate::error::{ErrorBody, ErrorDetail};
 
 struct Security;
 

@@ -14,6 +14,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{parse_id, ApiJson, Project};
 use crate::pagination::{page, List, PageParams};
 use crate::AppState;
+#[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
+use crate::error::responses::*;
 
 pub const MAX_ATTEMPTS: std::ops::RangeInclusive<i64> = 1..=20;
 pub const DEFAULT_MAX_ATTEMPTS: i16 = 7;
@@ -111,7 +113,7 @@ fn no_such_endpoint() -> ApiError {
 /// Subscribe one of the project's Endpoints to an event type pattern.
 #[utoipa::path(post, path = "/v1/subscriptions", tag = "subscriptions", request_body = CreateSubscription,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = Subscription), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 201, body = Subscription), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -149,7 +151,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/subscriptions", tag = "subscriptions",
     params(("endpoint_id" = Option<String>, Query, description = "Only this Endpoint's (ep_...)"), ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Subscription>), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = crate::pagination::List<Subscription>), BadRequest, Unauthorized, Unavailable))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -175,7 +177,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Subscription), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = Subscription), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Subscription>> {
     let id: SubscriptionId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -189,7 +191,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 #[utoipa::path(patch, path = "/v1/subscriptions/{id}", tag = "subscriptions", request_body = UpdateSubscription,
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Subscription), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 413, description = "Body over api.max_body_bytes", body = crate::openapi::ErrorBody), (status = 415, description = "Not application/json", body = crate::openapi::ErrorBody), (status = 422, description = "A field is invalid", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 200, body = Subscription), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
 pub async fn update(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -221,7 +223,7 @@ pub async fn update(
 #[utoipa::path(delete, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Deleted"), (status = 400, description = "Malformed JSON, id or query", body = crate::openapi::ErrorBody), (status = 401, description = "Missing or invalid credentials", body = crate::openapi::ErrorBody), (status = 404, description = "Not found (or another project's)", body = crate::openapi::ErrorBody), (status = 503, description = "Database unavailable", body = crate::openapi::ErrorBody)))]
+    responses((status = 204, description = "Deleted"), BadRequest, Unauthorized, NotFound, Unavailable))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id: SubscriptionId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
