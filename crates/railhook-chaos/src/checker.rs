@@ -20,9 +20,20 @@
 //!   A second 2xx that has a SUCCESS Attempt of its own, or one that nothing explains, is
 //!   unexplained.
 //! - **stuck**: a Delivery still PENDING or PROCESSING after the drain.
+//! - **ordering** (Subscriptions with `ordering: true`, DESIGN.md 6.5): per ordered Endpoint,
+//!   the order in which the receiver *applied* Deliveries (the first 2xx-answered arrival of
+//!   each Delivery, in the receiver's log order) must be ascending by Sequence Number. An
+//!   applied Delivery whose number is below one already applied on its Endpoint is
+//!   **out of order**. A later 2xx of an already applied Delivery (a window 8 duplicate) is
+//!   not an application and never out of order; neither is an arrival answered 500. The
+//!   numbers themselves are checked too: an ordered Endpoint's are exactly 1..n, only its
+//!   ordered Subscriptions' Deliveries carry one, and every request's `X-Sequence-Number`
+//!   is its Delivery's. The gap timeouts the run counted (worker log and /metrics) must be 0
+//!   when the run is configured never to need one.
 //!
 //! It passes when every accepted event is in Postgres and nothing else is, lost = 0, every
-//! duplicate is window 8, nothing is stuck, and every signature verified.
+//! duplicate is window 8, nothing is stuck, every signature verified, nothing was applied out
+//! of order, the Sequence Numbers are sound, and no gap timeout fired.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -53,6 +64,9 @@ pub struct SubscriptionSpec {
     pub endpoint_id: Uuid,
     pub pattern: String,
     pub timeout_seconds: i64,
+    /// Ordered delivery (DESIGN.md 6.5): its Deliveries carry the Endpoint's Sequence Numbers.
+    #[serde(default)]
+    pub ordering: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -63,6 +77,12 @@ pub struct DeliveryRow {
     pub subscription_id: Option<Uuid>,
     pub status: String,
     pub attempt_count: i32,
+    /// The Endpoint-scoped Sequence Number (ordered Subscriptions only).
+    #[serde(default)]
+    pub sequence_number: Option<i64>,
+    /// When the Delivery row was written (the ingest's commit, near enough).
+    #[serde(default)]
+    pub created_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,6 +127,13 @@ pub struct Inputs {
     pub attempts: Vec<AttemptRow>,
     pub arrivals: Vec<Arrival>,
     pub faults: Vec<FaultRecord>,
+    /// Ordering gap timeouts the run counted (`railhook_ordering_gap_timeout_total` and the
+    /// worker's log, over every worker process of the run).
+    pub gap_timeouts: u64,
+    /// Whether the run's configuration may need a gap timeout. The chaos run sets the gap
+    /// timeout above anything a fault can hold a Delivery, so it is `false` there and any
+    /// gap timeout fails the run.
+    pub gap_timeouts_allowed: bool,
 }
 
 /// Why a 2xx arrival happened, as far as the record shows.
@@ -146,6 +173,39 @@ pub struct DuplicateSummary {
     pub unexplained: usize,
 }
 
+/// How many ordered Deliveries were in flight (created, not yet applied) when a fault began.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OrderedInFlight {
+    pub kind: FaultKind,
+    pub started_at: DateTime<Utc>,
+    pub ordered_in_flight: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OrderingSummary {
+    /// Endpoints with at least one ordered Subscription.
+    pub ordered_endpoints: usize,
+    /// Deliveries of ordered Subscriptions.
+    pub ordered_deliveries: usize,
+    /// Of them, applied by the receiver (answered 2xx at least once).
+    pub applied: usize,
+    /// Applied after a Delivery with a higher Sequence Number of the same Endpoint.
+    pub out_of_order: usize,
+    /// The first few, with the Delivery applied before them.
+    pub out_of_order_examples: Vec<String>,
+    /// Sequence Numbers that are not exactly 1..n per ordered Endpoint (a gap, a number twice,
+    /// an ordered Delivery without one, an unordered one with one).
+    pub sequence_problems: usize,
+    pub sequence_problem_examples: Vec<String>,
+    /// Requests whose `X-Sequence-Number` is not their Delivery's (or is missing, or is there
+    /// for an unordered Delivery).
+    pub header_mismatches: usize,
+    /// Gap timeouts the run counted.
+    pub gap_timeouts: u64,
+    /// Per fault, the ordered Deliveries in flight when it began.
+    pub in_flight_at_faults: Vec<OrderedInFlight>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Verdict {
     pub passed: bool,
@@ -177,6 +237,7 @@ pub struct Verdict {
     pub arrivals_by_behaviour: BTreeMap<String, usize>,
     pub arrivals_unknown_webhook_id: usize,
     pub bad_signatures: usize,
+    pub ordering: OrderingSummary,
 }
 
 const EXAMPLES: usize = 20;
@@ -321,6 +382,8 @@ pub fn check(inputs: &Inputs) -> Verdict {
     // Unexplained first, then by time.
     v.duplicate_details.sort_by_key(|d| (d.window != "unexplained", d.received_at));
 
+    v.ordering = check_ordering(inputs);
+
     // The verdict.
     let mut fail = |cond: bool, what: String| {
         if cond {
@@ -336,8 +399,107 @@ pub fn check(inputs: &Inputs) -> Verdict {
     fail(v.duplicates.unexplained > 0, format!("{} duplicate arrivals are not window 8", v.duplicates.unexplained));
     fail(v.stuck > 0, format!("{} Deliveries stuck in a non-terminal state", v.stuck));
     fail(v.bad_signatures > 0, format!("{} requests failed signature verification", v.bad_signatures));
+    let o = &v.ordering;
+    fail(o.out_of_order > 0, format!("{} ordered Deliveries applied out of order", o.out_of_order));
+    fail(o.sequence_problems > 0, format!("{} Sequence Number problems", o.sequence_problems));
+    fail(o.header_mismatches > 0, format!("{} requests with a wrong X-Sequence-Number", o.header_mismatches));
+    fail(
+        o.gap_timeouts > 0 && !inputs.gap_timeouts_allowed,
+        format!("{} ordering gap timeouts fired in a run configured never to need one", o.gap_timeouts),
+    );
     v.passed = v.failures.is_empty();
     v
+}
+
+/// The ordering invariants (see the module's documentation).
+fn check_ordering(inputs: &Inputs) -> OrderingSummary {
+    let mut o = OrderingSummary { gap_timeouts: inputs.gap_timeouts, ..OrderingSummary::default() };
+    let ordered_subs: HashSet<Uuid> = inputs.subscriptions.iter().filter(|s| s.ordering).map(|s| s.id).collect();
+    let ordered_endpoints: HashSet<Uuid> = inputs.subscriptions.iter().filter(|s| s.ordering).map(|s| s.endpoint_id).collect();
+    o.ordered_endpoints = ordered_endpoints.len();
+    let is_ordered = |d: &DeliveryRow| d.subscription_id.is_some_and(|s| ordered_subs.contains(&s));
+    let by_id: HashMap<Uuid, &DeliveryRow> = inputs.deliveries.iter().map(|d| (d.id, d)).collect();
+    let problem = |o: &mut OrderingSummary, what: String| {
+        o.sequence_problems += 1;
+        if o.sequence_problem_examples.len() < EXAMPLES {
+            o.sequence_problem_examples.push(what);
+        }
+    };
+
+    // The numbers: exactly 1..n per ordered Endpoint, on the ordered Deliveries only.
+    let mut numbers: BTreeMap<Uuid, Vec<i64>> = BTreeMap::new();
+    for d in &inputs.deliveries {
+        match (is_ordered(d), d.sequence_number) {
+            (true, Some(n)) => {
+                o.ordered_deliveries += 1;
+                numbers.entry(d.endpoint_id).or_default().push(n);
+            }
+            (true, None) => {
+                o.ordered_deliveries += 1;
+                problem(&mut o, format!("{}: ordered, without a Sequence Number", delivery_text(d.id)));
+            }
+            (false, Some(n)) => problem(&mut o, format!("{}: unordered, with Sequence Number {n}", delivery_text(d.id))),
+            (false, None) => {}
+        }
+    }
+    for (endpoint, mut ns) in numbers {
+        ns.sort_unstable();
+        for (i, n) in ns.iter().enumerate() {
+            let want = i as i64 + 1;
+            if *n != want {
+                problem(&mut o, format!("endpoint {}: Sequence Numbers are not 1..{}: {n} where {want} was due", railhook_core::EndpointId(endpoint), ns.len()));
+                break;
+            }
+        }
+    }
+
+    // The applied order: the first 2xx of each ordered Delivery, in the receiver's log order.
+    let mut applied_at: HashMap<Uuid, DateTime<Utc>> = HashMap::new();
+    // Per Endpoint: the highest Sequence Number applied so far, and its Delivery.
+    let mut highest: HashMap<Uuid, (i64, Uuid, DateTime<Utc>)> = HashMap::new();
+    for a in &inputs.arrivals {
+        let Some(d) = a.webhook_id.parse::<railhook_core::DeliveryId>().ok().and_then(|id| by_id.get(&id.0).copied()) else { continue };
+        let ordered = is_ordered(d);
+        if a.verified && a.sequence != d.sequence_number {
+            o.header_mismatches += 1;
+        }
+        if !ordered || !a.answered_2xx() || applied_at.contains_key(&d.id) {
+            continue;
+        }
+        applied_at.insert(d.id, a.received_at);
+        o.applied += 1;
+        let Some(n) = d.sequence_number else { continue };
+        match highest.get(&d.endpoint_id) {
+            Some(&(top, top_id, top_at)) if n < top => {
+                o.out_of_order += 1;
+                if o.out_of_order_examples.len() < EXAMPLES {
+                    o.out_of_order_examples.push(format!(
+                        "endpoint {}: {} #{n} applied at {} after {} #{top} (applied at {})",
+                        railhook_core::EndpointId(d.endpoint_id),
+                        delivery_text(d.id),
+                        a.received_at.format("%H:%M:%S%.3f"),
+                        delivery_text(top_id),
+                        top_at.format("%H:%M:%S%.3f"),
+                    ));
+                }
+            }
+            _ => {
+                highest.insert(d.endpoint_id, (n, d.id, a.received_at));
+            }
+        }
+    }
+
+    // What each fault hit: ordered Deliveries created before it and not yet applied.
+    for f in &inputs.faults {
+        let ordered_in_flight = inputs
+            .deliveries
+            .iter()
+            .filter(|d| is_ordered(d) && d.created_at.is_some_and(|c| c <= f.started_at))
+            .filter(|d| applied_at.get(&d.id).is_none_or(|at| *at > f.started_at))
+            .count();
+        o.in_flight_at_faults.push(OrderedInFlight { kind: f.kind, started_at: f.started_at, ordered_in_flight });
+    }
+    o
 }
 
 fn explain(a: &Arrival, tried: &[&AttemptRow], timeout_s: i64, kills: &[DateTime<Utc>], pg_restarts: &[(DateTime<Utc>, DateTime<Utc>)]) -> Explanation {
@@ -380,6 +542,7 @@ mod tests {
             status: Some(status),
             behaviour: "ok".into(),
             verified: true,
+            sequence: None,
         }
     }
 
@@ -389,7 +552,7 @@ mod tests {
 
     /// Two events for one endpoint subscribed to `a.*`, both delivered once.
     fn base() -> (Inputs, [Uuid; 2]) {
-        let sub = SubscriptionSpec { id: Uuid::now_v7(), endpoint_id: Uuid::now_v7(), pattern: "a.*".into(), timeout_seconds: 2 };
+        let sub = SubscriptionSpec { id: Uuid::now_v7(), endpoint_id: Uuid::now_v7(), pattern: "a.*".into(), timeout_seconds: 2, ordering: false };
         let events = [Uuid::now_v7(), Uuid::now_v7()];
         let deliveries = [Uuid::now_v7(), Uuid::now_v7()];
         let mut inputs = Inputs { planned_events: 2, subscriptions: vec![sub.clone()], ..Inputs::default() };
@@ -403,6 +566,8 @@ mod tests {
                 subscription_id: Some(sub.id),
                 status: "SUCCESS".into(),
                 attempt_count: 1,
+                sequence_number: None,
+                created_at: Some(t(0)),
             });
             inputs.attempts.push(attempt(deliveries[i], 1, 1000, 20, "success"));
             inputs.arrivals.push(arrival(deliveries[i], 1010, 200));
@@ -506,5 +671,135 @@ mod tests {
         assert!(!v.passed);
         assert_eq!(v.stuck, 1);
         assert_eq!(v.events_in_postgres_not_accepted, 1);
+    }
+
+    /// One ordered Subscription on its own Endpoint (the unordered one of [`base`] on another),
+    /// `n` events of type `o.x`, each Delivery numbered 1..n, attempted and answered 2xx once
+    /// in order, 100 ms apart from t(10 s). Returns the inputs and the ordered Deliveries.
+    fn ordered(n: usize) -> (Inputs, Vec<Uuid>) {
+        let (mut inputs, _) = base();
+        let sub = SubscriptionSpec { id: Uuid::now_v7(), endpoint_id: Uuid::now_v7(), pattern: "o.*".into(), timeout_seconds: 2, ordering: true };
+        inputs.subscriptions.push(sub.clone());
+        let mut ids = Vec::new();
+        for k in 0..n {
+            let (event, delivery) = (Uuid::now_v7(), Uuid::now_v7());
+            inputs.planned_events += 1;
+            inputs.accepted.push(AcceptedEvent { index: 2 + k, id: event, event_type: "o.x".into() });
+            inputs.events_in_postgres.push(event);
+            inputs.deliveries.push(DeliveryRow {
+                id: delivery,
+                event_id: event,
+                endpoint_id: sub.endpoint_id,
+                subscription_id: Some(sub.id),
+                status: "SUCCESS".into(),
+                attempt_count: 1,
+                sequence_number: Some(k as i64 + 1),
+                created_at: Some(t(9_000)),
+            });
+            let at = 10_000 + 100 * k as i64;
+            inputs.attempts.push(attempt(delivery, 1, at, 20, "success"));
+            inputs.arrivals.push(ordered_arrival(delivery, k as i64 + 1, at + 10, 200));
+            ids.push(delivery);
+        }
+        (inputs, ids)
+    }
+
+    fn ordered_arrival(delivery: Uuid, seq: i64, at: i64, status: u16) -> Arrival {
+        Arrival { sequence: Some(seq), endpoint: 1, ..arrival(delivery, at, status) }
+    }
+
+    #[test]
+    fn ordered_deliveries_applied_in_order_pass() {
+        let (inputs, _) = ordered(5);
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        let o = &v.ordering;
+        assert_eq!((o.ordered_endpoints, o.ordered_deliveries, o.applied, o.out_of_order), (1, 5, 5, 0));
+        assert_eq!((o.sequence_problems, o.header_mismatches, o.gap_timeouts), (0, 0, 0));
+    }
+
+    #[test]
+    fn an_out_of_order_arrival_fails() {
+        let (mut inputs, ids) = ordered(5);
+        // #3 is applied before #2: the receiver's log has 1, 3, 2, 4, 5.
+        inputs.arrivals.swap(3, 4);
+        let v = check(&inputs);
+        assert!(!v.passed, "an out-of-order arrival must fail the run");
+        assert_eq!(v.ordering.out_of_order, 1);
+        assert!(v.failures.iter().any(|f| f.contains("out of order")), "{:?}", v.failures);
+        let example = &v.ordering.out_of_order_examples[0];
+        assert!(example.contains(&delivery_text(ids[1])) && example.contains("#2") && example.contains("#3"), "{example}");
+
+        // The last one applied first: every other one is out of order.
+        let (mut inputs, _) = ordered(4);
+        let last = inputs.arrivals.pop().unwrap();
+        inputs.arrivals.insert(2, last);
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.ordering.out_of_order, 3);
+    }
+
+    #[test]
+    fn duplicates_and_failed_arrivals_are_not_out_of_order() {
+        let (mut inputs, ids) = ordered(4);
+        // #2 arrives again after #4, answered 200 while a timed-out Attempt was in flight
+        // (window 8, a lost response): already applied, so not out of order.
+        inputs.attempts.push(attempt(ids[1], 2, 20_000, 2000, "timeout"));
+        inputs.arrivals.push(ordered_arrival(ids[1], 2, 20_010, 200));
+        // #3 was first answered 500 before #2 arrived (a failed request is not applied).
+        inputs.arrivals.insert(2, ordered_arrival(ids[2], 3, 10_050, 500));
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        assert_eq!((v.ordering.out_of_order, v.duplicates.window_8_lost_response), (0, 1));
+        assert_eq!(v.ordering.applied, 4);
+    }
+
+    #[test]
+    fn unsound_sequence_numbers_fail() {
+        // A gap: 1, 2, 4.
+        let (mut inputs, _) = ordered(3);
+        inputs.deliveries.last_mut().unwrap().sequence_number = Some(4);
+        inputs.arrivals.last_mut().unwrap().sequence = Some(4);
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.ordering.sequence_problems, 1);
+
+        // An unordered Delivery with a number, an ordered one without.
+        let (mut inputs, _) = ordered(2);
+        inputs.deliveries[0].sequence_number = Some(1);
+        inputs.deliveries[2].sequence_number = None;
+        let v = check(&inputs);
+        assert_eq!(v.ordering.sequence_problems, 3, "{:?}", v.ordering.sequence_problem_examples);
+
+        // A request whose X-Sequence-Number is not its Delivery's.
+        let (mut inputs, _) = ordered(2);
+        inputs.arrivals.last_mut().unwrap().sequence = Some(7);
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.ordering.header_mismatches, 1);
+    }
+
+    #[test]
+    fn a_gap_timeout_fails_unless_allowed() {
+        let (mut inputs, _) = ordered(2);
+        inputs.gap_timeouts = 1;
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert!(v.failures.iter().any(|f| f.contains("gap timeout")), "{:?}", v.failures);
+        inputs.gap_timeouts_allowed = true;
+        assert!(check(&inputs).passed);
+    }
+
+    #[test]
+    fn ordered_deliveries_in_flight_at_each_fault_are_counted() {
+        let (mut inputs, _) = ordered(5);
+        // Before any was created; while #3..#5 were not applied (#2 applied at 10.11 s); after.
+        for at in [5_000, 10_150, 20_000] {
+            inputs.faults.push(FaultRecord { kind: FaultKind::KafkaRestart, started_at: t(at), ended_at: t(at + 100), at_accepted: 1 });
+        }
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        let counts: Vec<usize> = v.ordering.in_flight_at_faults.iter().map(|f| f.ordered_in_flight).collect();
+        assert_eq!(counts, vec![0, 3, 0]);
     }
 }

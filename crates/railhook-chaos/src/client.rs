@@ -1,6 +1,9 @@
 //! The client: creates the tenancy, Endpoints and Subscriptions through the API, then sends
 //! the known set of events, each with its own `Idempotency-Key`, retrying the same key on
 //! connection errors and 5xx until the API answers 201 (or 200, the replay of that key).
+//! Besides the paced stream, [`send_burst`] sends a burst of events to the ordered
+//! Subscriptions as fast as the API takes them (the fault controller fires one around each
+//! fault).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::checker::{AcceptedEvent, SubscriptionSpec};
 
+#[derive(Clone)]
 pub struct Api {
     pub base: String,
     pub http: reqwest::Client,
@@ -48,6 +52,8 @@ pub struct EndpointPlan {
     pub url: String,
     pub secret: String,
     pub timeout_seconds: i64,
+    /// Gets a third, ordered Subscription `chaos.o<j>.*` (its events come in bursts).
+    pub ordered: bool,
 }
 
 pub struct Tenancy {
@@ -66,8 +72,15 @@ pub fn event_type(i: usize, n: usize) -> String {
     format!("chaos.e{}.{kind}", i % n)
 }
 
+/// Event type of the ordered bursts' events for Endpoint `j`: `chaos.o<j>.x`.
+pub fn ordered_event_type(j: usize) -> String {
+    format!("chaos.o{j}.x")
+}
+
 /// Org, project, Endpoints, and per Endpoint `j` two Subscriptions: `chaos.e<j>.*` and the
-/// fan-out `chaos.e<j-1>.fan` (every tenth event goes to two Endpoints).
+/// fan-out `chaos.e<j-1>.fan` (every tenth event goes to two Endpoints); an ordered Endpoint
+/// a third, `chaos.o<j>.*` with `ordering: true` (unordered Subscriptions share the Endpoint,
+/// and must not be held back by it).
 pub async fn set_up(api: &Api, admin_token: &str, endpoints: &[EndpointPlan], retry_delays: &[i64], max_attempts: i64) -> anyhow::Result<Tenancy> {
     let org = api.post("/v1/admin/organizations", admin_token, json!({"name": "chaos"})).await?;
     let org = id_of(&org, "organization")?;
@@ -82,8 +95,11 @@ pub async fn set_up(api: &Api, admin_token: &str, endpoints: &[EndpointPlan], re
     }
     let mut subscriptions = Vec::new();
     for (j, ep) in endpoints.iter().enumerate() {
-        let patterns = [format!("chaos.e{j}.*"), format!("chaos.e{}.fan", (j + n - 1) % n)];
-        for pattern in patterns {
+        let mut patterns = vec![(format!("chaos.e{j}.*"), false), (format!("chaos.e{}.fan", (j + n - 1) % n), false)];
+        if ep.ordered {
+            patterns.push((format!("chaos.o{j}.*"), true));
+        }
+        for (pattern, ordering) in patterns {
             let created = api
                 .post(
                     "/v1/subscriptions",
@@ -94,11 +110,12 @@ pub async fn set_up(api: &Api, admin_token: &str, endpoints: &[EndpointPlan], re
                         "max_attempts": max_attempts,
                         "timeout_seconds": ep.timeout_seconds,
                         "retry_delays": retry_delays,
+                        "ordering": ordering,
                     }),
                 )
                 .await?;
             let id: railhook_core::SubscriptionId = id_of(&created, "subscription")?.parse()?;
-            subscriptions.push(SubscriptionSpec { id: id.0, endpoint_id: endpoint_ids[j], pattern, timeout_seconds: ep.timeout_seconds });
+            subscriptions.push(SubscriptionSpec { id: id.0, endpoint_id: endpoint_ids[j], pattern, timeout_seconds: ep.timeout_seconds, ordering });
         }
     }
     Ok(Tenancy { api_key, endpoint_ids, subscriptions })
@@ -115,9 +132,14 @@ pub struct SendStats {
     pub rejected: Vec<String>,
 }
 
+#[derive(Default)]
 pub struct Sending {
+    /// Every accepted event, the paced stream's and the bursts'.
     pub accepted: Mutex<Vec<AcceptedEvent>>,
+    /// Accepted events of the paced stream (the faults are planned against this count).
     pub accepted_count: AtomicUsize,
+    /// Accepted events of the ordered bursts.
+    pub burst_accepted: AtomicUsize,
     pub stats: Mutex<SendStats>,
 }
 
@@ -138,15 +160,33 @@ pub async fn send_all(api: &Api, key: &str, run: &str, count: usize, endpoints: 
                 }
                 // Pacing: event i is not sent before start + i / rate.
                 tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
-                send_one(api, key, run, i, endpoints, give_up, &sending).await;
+                send_one(api, key, run, i, event_type(i, endpoints), give_up, &sending, &sending.accepted_count).await;
             }
         }
     });
     futures::future::join_all(workers).await;
 }
 
-async fn send_one(api: &Api, key: &str, run: &str, i: usize, endpoints: usize, give_up: Instant, sending: &Sending) {
-    let event_type = event_type(i, endpoints);
+/// Sends events `first..first + types.len()` (event `first + k` of type `types[k]`) over
+/// `concurrency` connections as fast as the API takes them, counting each accepted one in
+/// `sending.burst_accepted` and in `progress`.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_burst(api: &Api, key: &str, run: &str, first: usize, types: Vec<String>, concurrency: usize, give_up_after: Duration, sending: Arc<Sending>, progress: Arc<AtomicUsize>) {
+    let next = AtomicUsize::new(0);
+    let give_up = Instant::now() + give_up_after;
+    let workers = (0..concurrency.max(1)).map(|_| async {
+        loop {
+            let k = next.fetch_add(1, Ordering::SeqCst);
+            let Some(event_type) = types.get(k) else { return };
+            send_one(api, key, run, first + k, event_type.clone(), give_up, &sending, &sending.burst_accepted).await;
+            progress.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    futures::future::join_all(workers).await;
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send_one(api: &Api, key: &str, run: &str, i: usize, event_type: String, give_up: Instant, sending: &Sending, counter: &AtomicUsize) {
     let body = json!({"type": event_type, "payload": {"n": i, "run": run}});
     let idempotency_key = format!("chaos-{run}-{i}");
     loop {
@@ -179,7 +219,7 @@ async fn send_one(api: &Api, key: &str, run: &str, i: usize, endpoints: usize, g
                             }
                         }
                         sending.accepted.lock().unwrap().push(AcceptedEvent { index: i, id: id.0, event_type });
-                        sending.accepted_count.fetch_add(1, Ordering::SeqCst);
+                        counter.fetch_add(1, Ordering::SeqCst);
                         return;
                     }
                     // The answer was cut off after its status line: ask again (same key).

@@ -10,9 +10,16 @@
 //! the receiver's log and says whether any accepted event was lost, which duplicate window
 //! explains each duplicate arrival, and whether anything is stuck.
 //!
+//! Ordered delivery (DESIGN.md 6.5) is under the same faults: some Endpoints (one in five,
+//! and the third after it: quick mode a healthy and a flaky one) get a third, ordered,
+//! Subscription, and each fault is injected in the middle of a burst of events to them, so
+//! it always hits ordered Deliveries in flight (parked, PENDING or PROCESSING). The checker
+//! then demands that the receiver applied each ordered Endpoint's Deliveries in ascending
+//! Sequence Number order and that no gap timeout fired ([`ORDERING_GAP_TIMEOUT_S`]).
+//!
 //! Quick mode (what `cargo test` runs, `crates/railhook/tests/chaos.rs`): about 500 events
 //! over 5 Endpoints, exactly one fault of each kind at fixed points (counted in accepted
-//! events), a fixed seed.
+//! events of the paced stream), each in the middle of an ordered burst, a fixed seed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,6 +55,18 @@ pub const MAX_ATTEMPTS: i64 = 20;
 /// against it), healthy ones 5 s.
 pub const FLAKY_TIMEOUT_S: i64 = 2;
 pub const HEALTHY_TIMEOUT_S: i64 = 5;
+/// `worker.ordering_gap_timeout_seconds` of the run: above anything a fault can hold an
+/// ordered Delivery, so a gap timeout never has to fire and any that fires fails the run.
+/// The gap timeout counts from a Delivery's first park, which can be long before its
+/// predecessor is the one at the head of the Endpoint: what it must outlast is the backlog
+/// ahead of it when it parked (a burst on a flaky Endpoint: a minute or two, more behind a
+/// killed worker's Delivery, which waits for the 20 s PROCESSING sweep) plus its predecessor's
+/// whole Retry Ladder (at most 20 Attempts: 150 s of waits, 225 s with the jitter, plus 20
+/// timeouts of 2-5 s: under 330 s), which also contains the receiver's absence (60 s in a
+/// full run) and the Postgres and Kafka restarts. 600 s is above the sum; the default, 60 s,
+/// is not (the full run's outage alone is 60 s), and a gap timeout sends a Delivery before
+/// its predecessor, out of order by design.
+pub const ORDERING_GAP_TIMEOUT_S: u64 = 600;
 const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
 
 #[derive(Debug, Clone)]
@@ -71,6 +90,12 @@ pub struct Options {
     pub drain_timeout: Duration,
     /// Keep the run's folder (logs, configuration, receiver log) even when it passed.
     pub keep: bool,
+    /// Events of each ordered burst to a healthy ordered Endpoint (one burst per fault).
+    pub ordered_burst: usize,
+    /// Events of each ordered burst to a flaky ordered Endpoint: fewer, because a flaky
+    /// Endpoint's ordered Deliveries go one at a time through its 500s and timeouts (about
+    /// 1 s each), and that backlog is what the drain waits for.
+    pub ordered_burst_flaky: usize,
 }
 
 impl Options {
@@ -89,6 +114,8 @@ impl Options {
             restart_delay: Duration::from_millis(500),
             drain_timeout: Duration::from_secs(150),
             keep: false,
+            ordered_burst: 20,
+            ordered_burst_flaky: 4,
         }
     }
 
@@ -108,6 +135,8 @@ impl Options {
             restart_delay: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(900),
             keep: false,
+            ordered_burst: 25,
+            ordered_burst_flaky: 5,
         }
     }
 }
@@ -152,6 +181,23 @@ pub fn plan_faults(opts: &Options) -> Vec<PlannedFault> {
     plan
 }
 
+/// Whether Endpoint `j` gets an ordered Subscription: one in five, and the third after it
+/// (quick: 0 healthy and 2 flaky; full, where every other one is flaky: 0, 2, 10, 12 healthy
+/// and 5, 7, 15, 17 flaky, 8 of 20).
+pub fn is_ordered(j: usize) -> bool {
+    matches!(j % 5, 0 | 2)
+}
+
+/// How the run counted ordering gap timeouts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GapTimeoutCount {
+    /// `railhook_ordering_gap_timeout_total` of the last worker process, read just before it
+    /// stopped (a killed worker's count is gone with it; hence the log).
+    pub worker_metric: Option<u64>,
+    /// "ordering gap timeout" lines in the worker's log (every process of the run).
+    pub worker_log: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Timings {
     pub setup_s: f64,
@@ -168,6 +214,12 @@ pub struct Report {
     pub events: usize,
     pub endpoints: usize,
     pub flaky_endpoints: usize,
+    /// Endpoints (by index) with an ordered Subscription.
+    pub ordered_endpoints: Vec<usize>,
+    /// Events sent in the ordered bursts (on top of `events`).
+    pub burst_events: usize,
+    pub ordering_gap_timeout_seconds: u64,
+    pub gap_timeouts: GapTimeoutCount,
     pub started_at: DateTime<Utc>,
     pub verdict: Verdict,
     pub faults_planned: Vec<PlannedFault>,
@@ -216,6 +268,8 @@ fn config(pg: &PgCluster, kafka: &KafkaBroker, ports: &Ports) -> railhook_config
     c.worker.retry_reannounce_after_seconds = 5;
     c.worker.shutdown_grace_ms = 5000;
     c.worker.circuit_cooldown_seconds = 5;
+    // Never needed in this run (see ORDERING_GAP_TIMEOUT_S): one that fires fails it.
+    c.worker.ordering_gap_timeout_seconds = ORDERING_GAP_TIMEOUT_S;
     c.network.allow_cidrs = vec!["127.0.0.0/8".into()];
     c.telemetry.log_filter = "info".into();
     c
@@ -367,6 +421,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
             url: format!("http://127.0.0.1:{}/ep/{j}", ports.receiver),
             secret: secrets[j].clone(),
             timeout_seconds: endpoints[j].timeout.as_secs() as i64,
+            ordered: is_ordered(j),
         })
         .collect();
     let tenancy = client::set_up(&api, ADMIN_TOKEN, &plans, &RETRY_DELAYS, MAX_ATTEMPTS).await?;
@@ -375,19 +430,37 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
 
     // Send, and inject the faults meanwhile.
     let t_send = Instant::now();
-    let sending = Arc::new(client::Sending { accepted: Default::default(), accepted_count: Default::default(), stats: Default::default() });
+    let sending = Arc::new(client::Sending::default());
     let plan = plan_faults(opts);
     let run_tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let ordered_endpoints: Vec<usize> = (0..opts.endpoints).filter(|j| is_ordered(*j)).collect();
+    let bursts = Bursts {
+        api: api.clone(),
+        key: tenancy.api_key.clone(),
+        run: run_tag.clone(),
+        types: ordered_endpoints
+            .iter()
+            .map(|&j| {
+                let n = if endpoints[j].profile == Profile::Healthy { opts.ordered_burst } else { opts.ordered_burst_flaky };
+                vec![client::ordered_event_type(j); n]
+            })
+            .collect(),
+        first_index: opts.events,
+    };
     let client_done = tokio_util::sync::CancellationToken::new();
     let send = async {
         let give_up = Duration::from_secs_f64(opts.events as f64 / opts.rate) + Duration::from_secs(600);
         client::send_all(&api, &tenancy.api_key, &run_tag, opts.events, opts.endpoints, opts.rate, opts.concurrency, give_up, sending.clone()).await;
         client_done.cancel();
     };
-    let faults = inject(&plan, opts, &stack, &mut pg, &mut kafka, receiver.clone(), &sending, &client_done);
-    let ((), mut records) = tokio::join!(send, faults);
+    let faults = inject(&plan, opts, &stack, &mut pg, &mut kafka, receiver.clone(), &sending, &client_done, &bursts);
+    let ((), (mut records, burst_events)) = tokio::join!(send, faults);
     let send_s = t_send.elapsed().as_secs_f64();
-    eprintln!("railhook-chaos: sent in {send_s:.1} s, {} accepted; draining", sending.accepted_count.load(Ordering::SeqCst));
+    eprintln!(
+        "railhook-chaos: sent in {send_s:.1} s, {} accepted ({} of {burst_events} in ordered bursts); draining",
+        sending.accepted_count.load(Ordering::SeqCst) + sending.burst_accepted.load(Ordering::SeqCst),
+        sending.burst_accepted.load(Ordering::SeqCst)
+    );
 
     // Drain: until every expected Delivery exists and none is PENDING or PROCESSING.
     let t_drain = Instant::now();
@@ -414,11 +487,16 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let db = railhook_testkit::connect(&db_url).await.context("connect for the check")?;
     let mut inputs = read_postgres(&db).await?;
     drop(db);
+    let mut gap_timeouts = GapTimeoutCount { worker_metric: worker_gap_timeouts(&http, ports.worker_ops).await, worker_log: 0 };
     stack.stop().await;
+    gap_timeouts.worker_log =
+        std::fs::read_to_string(&stack.worker.log).unwrap_or_default().lines().filter(|l| l.contains("ordering gap timeout")).count() as u64;
     let arrivals = receiver.lock().await.arrivals();
     receiver.lock().await.go_away().await;
     records.sort_by_key(|r| r.started_at);
-    inputs.planned_events = opts.events;
+    inputs.planned_events = opts.events + burst_events;
+    inputs.gap_timeouts = gap_timeouts.worker_log.max(gap_timeouts.worker_metric.unwrap_or(0));
+    inputs.gap_timeouts_allowed = false;
     inputs.accepted = accepted;
     inputs.rejected = sending.stats.lock().unwrap().rejected.clone();
     inputs.subscriptions = tenancy.subscriptions.clone();
@@ -434,6 +512,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         events: opts.events,
         endpoints: opts.endpoints,
         flaky_endpoints,
+        ordered_endpoints,
+        burst_events,
+        ordering_gap_timeout_seconds: ORDERING_GAP_TIMEOUT_S,
+        gap_timeouts,
         started_at,
         verdict,
         faults_planned: plan,
@@ -465,10 +547,19 @@ async fn read_postgres(db: &tokio_postgres::Client) -> anyhow::Result<Inputs> {
     let mut inputs = Inputs::default();
     inputs.events_in_postgres = db.query("SELECT id FROM events", &[]).await?.iter().map(|r| r.get(0)).collect();
     inputs.deliveries = db
-        .query("SELECT id, event_id, endpoint_id, subscription_id, status::text, attempt_count FROM deliveries", &[])
+        .query("SELECT id, event_id, endpoint_id, subscription_id, status::text, attempt_count, sequence_number, created_at FROM deliveries", &[])
         .await?
         .iter()
-        .map(|r| checker::DeliveryRow { id: r.get(0), event_id: r.get(1), endpoint_id: r.get(2), subscription_id: r.get(3), status: r.get(4), attempt_count: r.get(5) })
+        .map(|r| checker::DeliveryRow {
+            id: r.get(0),
+            event_id: r.get(1),
+            endpoint_id: r.get(2),
+            subscription_id: r.get(3),
+            status: r.get(4),
+            attempt_count: r.get(5),
+            sequence_number: r.get(6),
+            created_at: r.get(7),
+        })
         .collect();
     inputs.attempts = db
         .query("SELECT delivery_id, attempt_number, started_at, duration_ms, result, status_code FROM attempts WHERE delivery_id IS NOT NULL", &[])
@@ -486,8 +577,28 @@ async fn read_postgres(db: &tokio_postgres::Client) -> anyhow::Result<Inputs> {
     Ok(inputs)
 }
 
+/// `railhook_ordering_gap_timeout_total` from the worker's /metrics, if it answers.
+async fn worker_gap_timeouts(http: &reqwest::Client, port: u16) -> Option<u64> {
+    let text = http.get(format!("http://127.0.0.1:{port}/metrics")).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|l| l.strip_prefix("railhook_ordering_gap_timeout_total ")).and_then(|v| v.trim().parse::<f64>().ok()).map(|v| v as u64)
+}
+
+/// The ordered bursts: before each fault, `types[k]` (a burst per ordered Endpoint) is sent
+/// as fast as the API takes it, and the fault is injected once half of it was accepted: in
+/// the middle of the burst, with ordered Deliveries parked, PENDING and PROCESSING.
+struct Bursts {
+    api: client::Api,
+    key: String,
+    run: String,
+    types: Vec<Vec<String>>,
+    /// Event index of the first burst event (after the paced stream's).
+    first_index: usize,
+}
+
 /// Injects the planned faults in order, each once the client has had that many events
-/// accepted; stops early (skipping the rest) if the client finished first.
+/// accepted (the paced stream's), in the middle of an ordered burst; stops early (skipping
+/// the rest) if the client finished first. Returns the faults and how many burst events were
+/// sent, once every burst is accepted.
 #[allow(clippy::too_many_arguments)]
 async fn inject(
     plan: &[PlannedFault],
@@ -496,11 +607,14 @@ async fn inject(
     pg: &mut PgCluster,
     kafka: &mut KafkaBroker,
     receiver: Arc<tokio::sync::Mutex<Receiver>>,
-    sending: &client::Sending,
+    sending: &Arc<client::Sending>,
     client_done: &tokio_util::sync::CancellationToken,
-) -> Vec<FaultRecord> {
+    bursts: &Bursts,
+) -> (Vec<FaultRecord>, usize) {
     let mut records = Vec::new();
     let mut outages = Vec::new();
+    let mut burst_tasks = Vec::new();
+    let mut next_index = bursts.first_index;
     for fault in plan {
         // Spacing: the fault waits for its point in the send phase.
         loop {
@@ -517,6 +631,23 @@ async fn inject(
         if sending.accepted_count.load(Ordering::SeqCst) < fault.at_accepted {
             continue;
         }
+        // The burst, and the fault once half of it is accepted (or after 15 s regardless).
+        let progress = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut burst_size = 0;
+        for types in &bursts.types {
+            let (api, key, run, types, first) = (bursts.api.clone(), bursts.key.clone(), bursts.run.clone(), types.clone(), next_index);
+            next_index += types.len();
+            burst_size += types.len();
+            let (sending, progress, concurrency) = (sending.clone(), progress.clone(), opts.concurrency);
+            burst_tasks.push(tokio::spawn(async move {
+                client::send_burst(&api, &key, &run, first, types, concurrency, Duration::from_secs(600), sending, progress).await;
+            }));
+        }
+        let _ = wait_for(Duration::from_secs(15), "half of the ordered burst", || {
+            let progress = progress.clone();
+            async move { progress.load(Ordering::SeqCst) * 2 >= burst_size }
+        })
+        .await;
         let at_accepted = sending.accepted_count.load(Ordering::SeqCst);
         let started_at = Utc::now();
         eprintln!("railhook-chaos: {:?} at {at_accepted} accepted", fault.kind);
@@ -566,7 +697,10 @@ async fn inject(
             r.ended_at = back;
         }
     }
-    records
+    for task in burst_tasks {
+        let _ = task.await;
+    }
+    (records, next_index - bursts.first_index)
 }
 
 /// The report as text.
@@ -588,6 +722,21 @@ pub fn render(report: &Report) -> String {
     line("  window 8: Postgres restart", d.window_8_postgres_restart.to_string());
     line("  UNEXPLAINED", d.unexplained.to_string());
     line("stuck (PENDING/PROCESSING)", v.stuck.to_string());
+    let o = &v.ordering;
+    line("ordered endpoints (index)", format!("{} {:?}, bursts of {} events in all", o.ordered_endpoints, report.ordered_endpoints, report.burst_events));
+    line("ordered deliveries / applied", format!("{} / {}", o.ordered_deliveries, o.applied));
+    line("OUT OF ORDER", o.out_of_order.to_string());
+    line("sequence number problems", format!("{} (X-Sequence-Number mismatches {})", o.sequence_problems, o.header_mismatches));
+    line(
+        "GAP TIMEOUTS",
+        format!(
+            "{} (gap timeout {} s; worker log {}, last worker's /metrics {})",
+            o.gap_timeouts,
+            report.ordering_gap_timeout_seconds,
+            report.gap_timeouts.worker_log,
+            report.gap_timeouts.worker_metric.map_or("-".to_string(), |m| m.to_string())
+        ),
+    );
     line("accepted events missing in Postgres", v.accepted_missing_in_postgres.to_string());
     line("events in Postgres never accepted", v.events_in_postgres_not_accepted.to_string());
     line("deliveries without an accepted event", v.deliveries_without_accepted_event.to_string());
@@ -599,7 +748,11 @@ pub fn render(report: &Report) -> String {
         line(&format!("process {name}"), format!("{} starts, {} kills, {} unexpected exits", p.starts, p.kills, p.unexpected_exits.len()));
     }
     for f in &report.faults {
-        line("fault", format!("{:?} at {} accepted, {:.1} s", f.kind, f.at_accepted, (f.ended_at - f.started_at).num_milliseconds() as f64 / 1000.0));
+        let in_flight = v.ordering.in_flight_at_faults.iter().find(|o| o.kind == f.kind && o.started_at == f.started_at).map_or(0, |o| o.ordered_in_flight);
+        line(
+            "fault",
+            format!("{:?} at {} accepted, {:.1} s, {in_flight} ordered in flight", f.kind, f.at_accepted, (f.ended_at - f.started_at).num_milliseconds() as f64 / 1000.0),
+        );
     }
     let t = &report.timings;
     line("time", format!("setup {:.0} s, send {:.0} s, drain {:.0} s, total {:.0} s", t.setup_s, t.send_s, t.drain_s, t.total_s));
@@ -608,6 +761,12 @@ pub fn render(report: &Report) -> String {
     }
     for example in v.stuck_examples.iter().take(5) {
         line("stuck example", example.clone());
+    }
+    for example in v.ordering.out_of_order_examples.iter().take(5) {
+        line("out of order", example.clone());
+    }
+    for example in v.ordering.sequence_problem_examples.iter().take(5) {
+        line("sequence problem", example.clone());
     }
     for dup in v.duplicate_details.iter().filter(|d| d.window != "8").take(5) {
         line("unexplained duplicate", format!("{} {:?} at {}", dup.delivery_id, dup.explanation, dup.received_at));

@@ -36,6 +36,13 @@ struct Cli {
     /// SIGKILLs of each component in a full run (default 3).
     #[arg(long)]
     kills: Option<usize>,
+    /// Events of each ordered burst (one per fault) to a healthy ordered endpoint (default
+    /// 25; 20 with --quick).
+    #[arg(long)]
+    ordered_burst: Option<usize>,
+    /// Events of each ordered burst to a flaky ordered endpoint (default 5; 4 with --quick).
+    #[arg(long)]
+    ordered_burst_flaky: Option<usize>,
     /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -65,6 +72,12 @@ fn main() -> ExitCode {
     }
     if let Some(k) = cli.kills {
         opts.kills_per_component = k;
+    }
+    if let Some(n) = cli.ordered_burst {
+        opts.ordered_burst = n;
+    }
+    if let Some(n) = cli.ordered_burst_flaky {
+        opts.ordered_burst_flaky = n;
     }
     opts.keep = cli.keep;
     let out = cli.out.unwrap_or_else(|| PathBuf::from(if opts.quick { "chaos/results/quick.json" } else { "chaos/results/latest.json" }));

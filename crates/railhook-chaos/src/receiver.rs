@@ -71,6 +71,9 @@ pub struct Arrival {
     /// ok, error_500, hang, slow_answer, slow_body, bad_signature
     pub behaviour: String,
     pub verified: bool,
+    /// The request's `X-Sequence-Number` (ordered Subscriptions' Deliveries only).
+    #[serde(default)]
+    pub sequence: Option<i64>,
 }
 
 impl Arrival {
@@ -220,6 +223,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let webhook_id = header(&req, "webhook-id").to_string();
     let timestamp: i64 = header(&req, "webhook-timestamp").parse().unwrap_or(0);
     let signature = header(&req, "webhook-signature").to_string();
+    let sequence = req.headers().get("x-sequence-number").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return text(StatusCode::BAD_REQUEST, "body"),
@@ -258,6 +262,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
             status: None,
             behaviour: if verified { behaviour.name().into() } else { "bad_signature".into() },
             verified,
+            sequence,
         });
         arrivals.len() - 1
     };
