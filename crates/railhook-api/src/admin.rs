@@ -30,7 +30,7 @@ pub fn check_name(name: &str) -> Result<&str, ApiError> {
 /// Create an organization.
 #[utoipa::path(post, path = "/v1/admin/organizations", tag = "admin", request_body = CreateNamed,
     security(("admin_token" = [])),
-    responses((status = 201, body = Organization), (status = 403, description = "Admin routes disabled", body = crate::error::ErrorBody), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 201, body = Organization), (status = 403, description = "Admin routes disabled", body = crate::error::ErrorBody), BodyErrors))]
 pub async fn create_organization(
     _: Operator,
     State(state): State<AppState>,
@@ -54,7 +54,7 @@ pub struct ProjectCreated {
 #[utoipa::path(post, path = "/v1/admin/organizations/{org_id}/projects", tag = "admin", request_body = CreateNamed,
     params(("org_id" = String, Path, description = "Organization id (org_...)")),
     security(("admin_token" = [])),
-    responses((status = 201, body = ProjectCreated), NotFound, BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 201, body = ProjectCreated), BodyByIdErrors))]
 pub async fn create_project(
     _: Operator,
     State(state): State<AppState>,

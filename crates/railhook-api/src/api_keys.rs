@@ -24,7 +24,7 @@ pub struct CreateApiKey {
 /// Create an API key for the caller's project; the secret is shown only in this response.
 #[utoipa::path(post, path = "/v1/api-keys", tag = "api-keys", request_body = CreateApiKey,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = NewApiKey), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 201, body = NewApiKey), BodyErrors))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -43,7 +43,7 @@ pub async fn create(
 /// List the project's API keys, without their secrets.
 #[utoipa::path(get, path = "/v1/api-keys", tag = "api-keys",
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<ApiKey>), Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<ApiKey>), AuthErrors))]
 pub async fn list(Project(principal): Project, State(state): State<AppState>) -> ApiResult<Json<List<ApiKey>>> {
     let client = state.pool.get().await?;
     let keys = tenancy::list_api_keys(&**client, principal.project_id).await?;
@@ -54,7 +54,7 @@ pub async fn list(Project(principal): Project, State(state): State<AppState>) ->
 #[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "api-keys",
     params(("id" = String, Path, description = "API key id (key_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Revoked"), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 204, description = "Revoked"), ByIdErrors))]
 pub async fn revoke(
     Project(principal): Project,
     State(state): State<AppState>,

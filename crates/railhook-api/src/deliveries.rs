@@ -113,7 +113,7 @@ pub struct ListQuery {
            ("created_after" = Option<String>, Query, description = "RFC 3339, inclusive"), ("created_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Delivery>), BadRequest, Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<Delivery>), ListErrors))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -149,7 +149,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
     params(("id" = String, Path, description = "Delivery id (dlv_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Delivery), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = Delivery), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Delivery>> {
     let id: DeliveryId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -169,7 +169,7 @@ pub struct PageQuery {
     params(("id" = String, Path, description = "Delivery id (dlv_...)"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Attempt>), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<Attempt>), ByIdErrors))]
 pub async fn attempts(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -204,7 +204,7 @@ pub struct RetryDelivery {
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Back on the ladder", body = Delivery),
         (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::error::ErrorBody),
-        BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+        BodyByIdErrors))]
 pub async fn retry(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -247,7 +247,7 @@ pub struct FailedQuery {
            ("completed_after" = Option<String>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
            ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<FailedMessage>), BadRequest, Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<FailedMessage>), ListErrors))]
 pub async fn failed(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -344,7 +344,7 @@ fn ids_or_filter(field: &str, message: &str) -> ApiError {
 #[utoipa::path(post, path = "/v1/failed-messages/retry", tag = "failed-messages", request_body = BulkRetry,
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Those retried, and (by ids) those skipped", body = BulkRetried),
-        (status = 400, description = "Malformed JSON, or not exactly one of ids and filter (code ids_or_filter)", body = crate::error::ErrorBody), Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+        (status = 400, description = "Malformed JSON, or not exactly one of ids and filter (code ids_or_filter)", body = crate::error::ErrorBody), AuthErrors, BodyChecks))]
 pub async fn retry_failed(
     Project(principal): Project,
     State(state): State<AppState>,

@@ -207,7 +207,7 @@ fn secret_or_generated(given: Option<&str>) -> Result<EndpointSecret, ApiError> 
 /// secret is generated unless given, and is read through `GET /v1/endpoints/{id}/secret`.
 #[utoipa::path(post, path = "/v1/endpoints", tag = "endpoints", request_body = CreateEndpoint,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = Endpoint), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 201, body = Endpoint), BodyErrors))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -244,7 +244,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints",
     params(("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Endpoint>), BadRequest, Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<Endpoint>), ListErrors))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -262,7 +262,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Endpoint), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = Endpoint), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Endpoint>> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -274,7 +274,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints", request_body = UpdateEndpoint,
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Endpoint), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 200, body = Endpoint), BodyByIdErrors))]
 pub async fn update(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -306,7 +306,7 @@ pub async fn update(
 #[utoipa::path(delete, path = "/v1/endpoints/{id}", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Deleted"), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -325,7 +325,7 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
     request_body(content = RotateSecret, description = "Optional; may be left out entirely"),
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = SecretRotated), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 200, body = SecretRotated), BodyByIdErrors))]
 pub async fn rotate_secret(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -349,7 +349,7 @@ pub async fn rotate_secret(
 #[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
     params(("id" = String, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = EndpointSecretView), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = EndpointSecretView), ByIdErrors))]
 pub async fn secret(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<EndpointSecretView>> {
     let id: EndpointId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

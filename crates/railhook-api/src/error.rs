@@ -116,27 +116,76 @@ pub struct ErrorDetail {
     field: Option<String>,
 }
 
-/// The error responses many routes share, each declared once for the OpenAPI document: a
-/// route lists the ones it can answer (`responses((status = 200, body = X), BadRequest,
-/// Unauthorized, Unavailable)`).
+/// The error responses routes share, each status and description declared once for the
+/// OpenAPI document, grouped by the kind of route: a route names its group once
+/// (`responses((status = 201, body = Endpoint), BodyErrors)`), and adding a status every
+/// body-taking route can answer is one edit here.
 pub mod responses {
-    use super::ErrorBody;
+    use std::collections::BTreeMap;
 
-    macro_rules! error_response {
-        ($(#[$doc:meta])* $name:ident, $status:literal, $description:literal) => {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
+
+    /// One error response: its status and what it means; the body is always [`super::ErrorBody`].
+    struct Shared {
+        status: u16,
+        description: &'static str,
+    }
+
+    const BAD_REQUEST: Shared = Shared { status: 400, description: "Malformed JSON, id or query" };
+    const UNAUTHORIZED: Shared = Shared { status: 401, description: "Missing or invalid credentials" };
+    const NOT_FOUND: Shared = Shared { status: 404, description: "Not found (or another project's)" };
+    const PAYLOAD_TOO_LARGE: Shared = Shared { status: 413, description: "Body over api.max_body_bytes" };
+    const UNSUPPORTED_MEDIA_TYPE: Shared = Shared { status: 415, description: "Not application/json" };
+    const INVALID_FIELD: Shared = Shared { status: 422, description: "A field is invalid" };
+    const UNAVAILABLE: Shared = Shared { status: 503, description: "Database unavailable" };
+
+    /// The responses of `shared`, each with the `ErrorBody` schema.
+    fn error_responses(shared: &[Shared]) -> BTreeMap<String, RefOr<Response>> {
+        shared
+            .iter()
+            .map(|s| {
+                let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+                let response = ResponseBuilder::new().description(s.description).content("application/json", content).build();
+                (s.status.to_string(), RefOr::T(response))
+            })
+            .collect()
+    }
+
+    macro_rules! group {
+        ($(#[$doc:meta])* $name:ident = [$($shared:ident),+]) => {
             $(#[$doc])*
-            #[derive(utoipa::IntoResponses)]
-            #[response(status = $status, description = $description)]
-            #[allow(dead_code)]
-            pub struct $name(ErrorBody);
+            pub struct $name;
+
+            impl utoipa::IntoResponses for $name {
+                fn responses() -> BTreeMap<String, RefOr<Response>> {
+                    error_responses(&[$($shared),+])
+                }
+            }
         };
     }
 
-    error_response!(BadRequest, 400, "Malformed JSON, id or query");
-    error_response!(Unauthorized, 401, "Missing or invalid credentials");
-    error_response!(NotFound, 404, "Not found (or another project's)");
-    error_response!(PayloadTooLarge, 413, "Body over api.max_body_bytes");
-    error_response!(UnsupportedMediaType, 415, "Not application/json");
-    error_response!(InvalidField, 422, "A field is invalid");
-    error_response!(Unavailable, 503, "Database unavailable");
+    group!(
+        /// A route that takes a JSON body: 400, 401, 413, 415, 422, 503.
+        BodyErrors = [BAD_REQUEST, UNAUTHORIZED, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, INVALID_FIELD, UNAVAILABLE]
+    );
+    group!(
+        /// A route that takes a JSON body and names a resource by id: [`BodyErrors`] and 404.
+        BodyByIdErrors = [BAD_REQUEST, UNAUTHORIZED, NOT_FOUND, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, INVALID_FIELD, UNAVAILABLE]
+    );
+    group!(
+        /// A list with query parameters: 400, 401, 503.
+        ListErrors = [BAD_REQUEST, UNAUTHORIZED, UNAVAILABLE]
+    );
+    group!(
+        /// A route without a body that names a resource by id (get, delete): 400, 401, 404, 503.
+        ByIdErrors = [BAD_REQUEST, UNAUTHORIZED, NOT_FOUND, UNAVAILABLE]
+    );
+    group!(
+        /// What any authenticated route can answer: 401, 503.
+        AuthErrors = [UNAUTHORIZED, UNAVAILABLE]
+    );
+    group!(
+        /// The body checks alone, for a route that describes its own 400: 413, 415, 422.
+        BodyChecks = [PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE, INVALID_FIELD]
+    );
 }

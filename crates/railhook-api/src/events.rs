@@ -64,7 +64,7 @@ fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
         (status = 201, description = "Created", body = railhook_store::events::Event),
         (status = 200, description = "Replayed: the Event this Idempotency-Key created (header Idempotent-Replayed: true)", body = railhook_store::events::Event),
         (status = 409, description = "Idempotency-Key used with another type or payload", body = crate::error::ErrorBody),
-        BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+        BodyErrors))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -129,7 +129,7 @@ fn time_param(field: &'static str, raw: &Option<String>) -> Result<Option<DateTi
            ("to" = Option<String>, Query, description = "RFC 3339, exclusive"), ("limit" = Option<i64>, Query, description = "1-200, default 50"),
            ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), BadRequest, Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), ListErrors))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -157,7 +157,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
     params(("id" = String, Path, description = "Event id (evt_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = railhook_store::events::Event), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = railhook_store::events::Event), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {
     let id: EventId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

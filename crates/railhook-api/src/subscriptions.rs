@@ -113,7 +113,7 @@ fn no_such_endpoint() -> ApiError {
 /// Subscribe one of the project's Endpoints to an event type pattern.
 #[utoipa::path(post, path = "/v1/subscriptions", tag = "subscriptions", request_body = CreateSubscription,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = Subscription), BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 201, body = Subscription), BodyErrors))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -151,7 +151,7 @@ pub struct ListQuery {
 #[utoipa::path(get, path = "/v1/subscriptions", tag = "subscriptions",
     params(("endpoint_id" = Option<String>, Query, description = "Only this Endpoint's (ep_...)"), ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = crate::pagination::List<Subscription>), BadRequest, Unauthorized, Unavailable))]
+    responses((status = 200, body = crate::pagination::List<Subscription>), ListErrors))]
 pub async fn list(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -177,7 +177,7 @@ pub async fn list(
 #[utoipa::path(get, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Subscription), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 200, body = Subscription), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Subscription>> {
     let id: SubscriptionId = parse_id("id", &id)?;
     let client = state.pool.get().await?;
@@ -191,7 +191,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 #[utoipa::path(patch, path = "/v1/subscriptions/{id}", tag = "subscriptions", request_body = UpdateSubscription,
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 200, body = Subscription), BadRequest, Unauthorized, NotFound, PayloadTooLarge, UnsupportedMediaType, InvalidField, Unavailable))]
+    responses((status = 200, body = Subscription), BodyByIdErrors))]
 pub async fn update(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -223,7 +223,7 @@ pub async fn update(
 #[utoipa::path(delete, path = "/v1/subscriptions/{id}", tag = "subscriptions",
     params(("id" = String, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 204, description = "Deleted"), BadRequest, Unauthorized, NotFound, Unavailable))]
+    responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     let id: SubscriptionId = parse_id("id", &id)?;
     let client = state.pool.get().await?;

@@ -4,35 +4,36 @@ mod common;
 
 use common::Api;
 
-/// Every (method, path) the router serves under /v1. Adding a route means adding it here,
-/// and the test below then demands its documentation.
-const ROUTES: &[(&str, &str)] = &[
-    ("post", "/v1/admin/organizations"),
-    ("post", "/v1/admin/organizations/{org_id}/projects"),
-    ("post", "/v1/api-keys"),
-    ("get", "/v1/api-keys"),
-    ("delete", "/v1/api-keys/{id}"),
-    ("post", "/v1/events"),
-    ("get", "/v1/events"),
-    ("get", "/v1/events/{id}"),
-    ("post", "/v1/endpoints"),
-    ("get", "/v1/endpoints"),
-    ("get", "/v1/endpoints/{id}"),
-    ("patch", "/v1/endpoints/{id}"),
-    ("delete", "/v1/endpoints/{id}"),
-    ("post", "/v1/endpoints/{id}/rotate-secret"),
-    ("get", "/v1/endpoints/{id}/secret"),
-    ("post", "/v1/subscriptions"),
-    ("get", "/v1/subscriptions"),
-    ("get", "/v1/subscriptions/{id}"),
-    ("patch", "/v1/subscriptions/{id}"),
-    ("delete", "/v1/subscriptions/{id}"),
-    ("get", "/v1/deliveries"),
-    ("get", "/v1/deliveries/{id}"),
-    ("get", "/v1/deliveries/{id}/attempts"),
-    ("post", "/v1/deliveries/{id}/retry"),
-    ("get", "/v1/failed-messages"),
-    ("post", "/v1/failed-messages/retry"),
+/// Every (method, path) the router serves under /v1, with the response codes its document
+/// declares. Adding a route means adding it here, and the test below then demands its
+/// documentation; the codes pin what the shared error responses expand to.
+const ROUTES: &[(&str, &str, &str)] = &[
+    ("post", "/v1/admin/organizations", "201 400 401 403 413 415 422 503"),
+    ("post", "/v1/admin/organizations/{org_id}/projects", "201 400 401 404 413 415 422 503"),
+    ("post", "/v1/api-keys", "201 400 401 413 415 422 503"),
+    ("get", "/v1/api-keys", "200 401 503"),
+    ("delete", "/v1/api-keys/{id}", "204 400 401 404 503"),
+    ("post", "/v1/events", "200 201 400 401 409 413 415 422 503"),
+    ("get", "/v1/events", "200 400 401 503"),
+    ("get", "/v1/events/{id}", "200 400 401 404 503"),
+    ("post", "/v1/endpoints", "201 400 401 413 415 422 503"),
+    ("get", "/v1/endpoints", "200 400 401 503"),
+    ("get", "/v1/endpoints/{id}", "200 400 401 404 503"),
+    ("patch", "/v1/endpoints/{id}", "200 400 401 404 413 415 422 503"),
+    ("delete", "/v1/endpoints/{id}", "204 400 401 404 503"),
+    ("post", "/v1/endpoints/{id}/rotate-secret", "200 400 401 404 413 415 422 503"),
+    ("get", "/v1/endpoints/{id}/secret", "200 400 401 404 503"),
+    ("post", "/v1/subscriptions", "201 400 401 413 415 422 503"),
+    ("get", "/v1/subscriptions", "200 400 401 503"),
+    ("get", "/v1/subscriptions/{id}", "200 400 401 404 503"),
+    ("patch", "/v1/subscriptions/{id}", "200 400 401 404 413 415 422 503"),
+    ("delete", "/v1/subscriptions/{id}", "204 400 401 404 503"),
+    ("get", "/v1/deliveries", "200 400 401 503"),
+    ("get", "/v1/deliveries/{id}", "200 400 401 404 503"),
+    ("get", "/v1/deliveries/{id}/attempts", "200 400 401 404 503"),
+    ("post", "/v1/deliveries/{id}/retry", "202 400 401 404 409 413 415 422 503"),
+    ("get", "/v1/failed-messages", "200 400 401 503"),
+    ("post", "/v1/failed-messages/retry", "202 400 401 413 415 422 503"),
 ];
 
 #[tokio::test]
@@ -49,6 +50,10 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
         for (method, op) in item.as_object().unwrap() {
             documented.push((method.clone(), path.clone()));
             let responses = op["responses"].as_object().unwrap_or_else(|| panic!("{method} {path}: no responses"));
+            let codes = responses.keys().map(String::as_str).collect::<Vec<_>>().join(" ");
+            if let Some((_, _, expected)) = ROUTES.iter().find(|(m, p, _)| m == method && p == path) {
+                assert_eq!(&codes, expected, "{method} {path}: response codes");
+            }
             assert!(responses.keys().any(|c| c.starts_with('2')), "{method} {path}: no success response");
             assert!(responses.keys().any(|c| c.starts_with('4')), "{method} {path}: no error responses");
             for (code, r) in responses {
@@ -61,11 +66,11 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
             }
         }
     }
-    for (method, path) in ROUTES {
+    for (method, path, _) in ROUTES {
         assert!(documented.iter().any(|(m, p)| m == method && p == path), "{method} {path} is not documented");
     }
     for (method, path) in &documented {
-        assert!(ROUTES.iter().any(|(m, p)| m == method && p == path), "{method} {path} is documented but not in ROUTES");
+        assert!(ROUTES.iter().any(|(m, p, _)| m == method && p == path), "{method} {path} is documented but not in ROUTES");
         // The router really serves it: anything but route_not_found / method_not_allowed.
         let concrete = path.replace("{org_id}", "org_x").replace("{id}", "x_x");
         let resp = api.http.request(method.to_uppercase().parse().unwrap(), api.url(&concrete)).send().await.unwrap();
