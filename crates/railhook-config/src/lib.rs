@@ -36,6 +36,7 @@ pub struct Config {
     pub database: DatabaseConfig,
     pub kafka: KafkaConfig,
     pub api: ApiConfig,
+    pub ingress: IngressConfig,
     pub relay: RelayConfig,
     pub worker: WorkerConfig,
     pub network: NetworkConfig,
@@ -101,6 +102,29 @@ pub struct ApiConfig {
     pub linger_max_bytes: u64,
     /// Grace period during which a rotated-out endpoint secret still signs deliveries.
     pub secret_rotation_grace_seconds: u64,
+}
+
+/// The incoming direction's ingress, `POST /ingress/{token}` (served by the API).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    /// Largest accepted provider request body, in bytes; a larger one gets 413 and is not
+    /// stored. Providers send small bodies (Stripe and GitHub stay well under 512 KiB).
+    pub max_body_bytes: usize,
+    /// How long a Source's rotated-out secret still verifies requests, so that what the
+    /// provider signed before the switch is not refused.
+    pub secret_overlap_seconds: u64,
+    /// The ingress's public base URL as providers call it (e.g. `https://hooks.example.com`,
+    /// with a path prefix if a proxy adds one): Twilio, Square and HubSpot sign the URL, and
+    /// the Sources API shows `ingress_url` under it. Empty: `http://` + the request's `Host`,
+    /// and Sources show only the path.
+    pub public_url: String,
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        IngressConfig { max_body_bytes: 512 * 1024, secret_overlap_seconds: 24 * 3600, public_url: String::new() }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -218,6 +242,7 @@ impl Default for Config {
             database: DatabaseConfig::default(),
             kafka: KafkaConfig::default(),
             api: ApiConfig::default(),
+            ingress: IngressConfig::default(),
             relay: RelayConfig::default(),
             worker: WorkerConfig::default(),
             network: NetworkConfig::default(),
@@ -462,6 +487,7 @@ impl Config {
         if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
             problems.push("api.admin_token is shorter than 16 characters: use a long random value (e.g. `openssl rand -hex 24`)".into());
         }
+        problems.extend(self.ingress.problems());
         for name in [&self.relay.slot_name, &self.relay.publication_name] {
             if !valid_identifier(name) {
                 problems.push(format!("relay slot/publication name '{name}' must be lower-case letters, digits and '_' (at most 63), starting with a letter"));
@@ -520,6 +546,26 @@ impl Config {
     /// Full topic name of the forwards topic, prefix included.
     pub fn forwards_topic(&self) -> String {
         format!("{}{}", self.kafka.topic_prefix, self.kafka.forwards_topic)
+    }
+}
+
+impl IngressConfig {
+    /// What [`Config::validate`] reports about the `ingress.*` keys.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
+            problems.push(format!("ingress.max_body_bytes is {}: it must be between 1024 and 67108864 (524288 is the default)", self.max_body_bytes));
+        }
+        if self.secret_overlap_seconds > 30 * 24 * 3600 {
+            problems.push(format!("ingress.secret_overlap_seconds is {}: it must be at most 2592000 (30 days; 86400 is the default)", self.secret_overlap_seconds));
+        }
+        let url = self.public_url.trim_end_matches('/');
+        let valid_url = url.is_empty()
+            || ((url.starts_with("http://") || url.starts_with("https://")) && !url.contains(['?', '#', ' ']) && url.split("://").nth(1).is_some_and(|rest| !rest.is_empty()));
+        if !valid_url {
+            problems.push(format!("ingress.public_url '{}' must be an http(s) URL without query, e.g. https://hooks.example.com (or empty)", self.public_url));
+        }
+        problems
     }
 }
 
@@ -704,6 +750,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!((off.api.linger_timeout_ms, off.api.linger_max_bytes), (0, 0));
+    }
+
+    #[test]
+    fn ingress_keys_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_INGRESS__MAX_BODY_BYTES", "10"), ("RAILHOOK_INGRESS__PUBLIC_URL", "ftp://x")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["ingress.max_body_bytes is 10", "ingress.public_url 'ftp://x'"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_INGRESS__PUBLIC_URL", "https://hooks.example.com/in/")]), &Overrides::default()).unwrap();
+        assert_eq!((ok.ingress.max_body_bytes, ok.ingress.secret_overlap_seconds), (512 * 1024, 86_400));
     }
 
     #[test]

@@ -5,11 +5,13 @@ pub mod deliveries;
 pub mod endpoints;
 pub mod error;
 pub mod events;
+pub mod incoming;
 pub mod lifecycle;
 pub mod locks;
 pub mod migrate;
 pub mod pool;
 pub mod server;
+pub mod sources;
 pub mod subscriptions;
 pub mod tenancy;
 
