@@ -4,10 +4,16 @@
 //! once.
 //!
 //! Wire format, version 1 (messages already in Kafka must keep parsing):
-//! `{"v":1,"outbox_id":N,"delivery_id"|"forward_id":"<prefixed id>","reason":"<reason>",
-//! "created_at":"<as Postgres printed it>"[,"claim_token":"<uuid>"]}`; key: the Endpoint id
+//! `{["claim_token":"<uuid>",]"created_at":"<as Postgres printed it>","delivery_id"|"forward_id":
+//! "<prefixed id>","outbox_id":N,"reason":"<reason>","v":1}`, keys in this (alphabetical) order,
+//! byte for byte what the relay wrote before this module existed; key: the Endpoint id
 //! (Deliveries) or the Destination id (Forwards), so one Endpoint's announcements keep their
-//! order on one partition; headers `outbox_id` and, in CDC mode, `commit_lsn`.
+//! order on one partition; headers [`header::OUTBOX_ID`] and, in CDC mode,
+//! [`header::COMMIT_LSN`].
+//!
+//! The topic names are the configuration's (`kafka.topic_prefix` + `kafka.deliveries_topic`
+//! or `kafka.forwards_topic`, validated there); [`deliveries_topic`] and [`forwards_topic`]
+//! are how Railhook's Kafka code reads them.
 
 use std::time::Duration;
 
@@ -15,7 +21,7 @@ use railhook_config::Config;
 use railhook_core::{AnnouncementReason, ClaimToken, DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use serde::{Deserialize, Serialize};
 
 /// The layout version of the value.
@@ -29,14 +35,19 @@ pub mod header {
     pub const COMMIT_LSN: &str = "commit_lsn";
 }
 
-/// The topics, with the configured prefix (`kafka.topic_prefix` + `kafka.deliveries_topic`
-/// or `kafka.forwards_topic`; the configuration spells the names, once).
+/// The Deliveries' topic, with the configured prefix.
 pub fn deliveries_topic(config: &Config) -> String {
     config.deliveries_topic()
 }
 
+/// The Forwards' topic, with the configured prefix.
 pub fn forwards_topic(config: &Config) -> String {
     config.forwards_topic()
+}
+
+/// Both topics, as [`crate::ensure_topics`] takes them.
+pub fn topics(config: &Config) -> [String; 2] {
+    [deliveries_topic(config), forwards_topic(config)]
 }
 
 /// What the announcement is about, and where it is routed (the message key).
@@ -71,20 +82,24 @@ pub enum AnnouncementError {
     Key(&'static str),
 }
 
+/// The value as it travels. The fields are in alphabetical order on purpose: serde writes
+/// them in declaration order, and the relay's `json!` value before this type (a sorted map)
+/// wrote them alphabetically, so the bytes are the same as version 1 always had
+/// (`the_version_1_bytes_are_kept`).
 #[derive(Serialize, Deserialize)]
 struct Wire {
-    v: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    claim_token: Option<ClaimToken>,
     #[serde(default)]
-    outbox_id: i64,
+    created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     delivery_id: Option<DeliveryId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     forward_id: Option<ForwardId>,
-    reason: AnnouncementReason,
     #[serde(default)]
-    created_at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    claim_token: Option<ClaimToken>,
+    outbox_id: i64,
+    reason: AnnouncementReason,
+    v: u32,
 }
 
 impl Announcement {
@@ -111,13 +126,13 @@ impl Announcement {
             Target::Forward { forward, .. } => (None, Some(forward)),
         };
         let wire = Wire {
-            v: VERSION,
-            outbox_id: self.outbox_id,
+            claim_token: self.claim_token,
+            created_at: self.created_at.clone(),
             delivery_id,
             forward_id,
+            outbox_id: self.outbox_id,
             reason: self.reason,
-            created_at: self.created_at.clone(),
-            claim_token: self.claim_token,
+            v: VERSION,
         };
         serde_json::to_vec(&wire).expect("the wire struct has only strings and numbers: it always serialises")
     }
@@ -145,30 +160,48 @@ impl Announcement {
     }
 }
 
-/// The relay's producer: the idempotent producer with its bounded local queue, and the one
-/// place that waits while that queue is full (backpressure: the caller stops reading its
-/// source instead of growing memory).
+/// The relay's producer: the idempotent producer with its bounded local queue, the topics,
+/// and the one place that waits while that queue is full (backpressure: the caller stops
+/// reading its source instead of growing memory).
+///
+/// Acknowledgements are per message: [`Announcer::send`] returns once the message is in the
+/// producer's queue, with a future that resolves when Kafka acknowledged (or refused) that
+/// one message. The relay's progress (what the slot may be advanced past, or which polled
+/// rows may be marked PUBLISHED) counts these answers one by one; nothing here acknowledges
+/// on its behalf.
+///
+/// Cloning shares the producer (librdkafka's handle is reference-counted).
 #[derive(Clone)]
 pub struct Announcer {
     producer: FutureProducer,
+    deliveries_topic: String,
+    forwards_topic: String,
 }
 
 /// How long to wait before handing a message over again while the local queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
 
 impl Announcer {
-    pub fn new(producer: FutureProducer) -> Announcer {
-        Announcer { producer }
+    /// `producer` should be [`crate::idempotent_producer`]'s (the relay's guarantees assume
+    /// idempotence and `acks=all`); the topics are `config`'s.
+    pub fn new(producer: FutureProducer, config: &Config) -> Announcer {
+        Announcer { producer, deliveries_topic: deliveries_topic(config), forwards_topic: forwards_topic(config) }
     }
 
-    pub fn producer(&self) -> &FutureProducer {
-        &self.producer
+    /// The topic an announcement goes to.
+    pub fn topic(&self, announcement: &Announcement) -> &str {
+        match announcement.target {
+            Target::Delivery { .. } => &self.deliveries_topic,
+            Target::Forward { .. } => &self.forwards_topic,
+        }
     }
 
-    /// Hands the announcement to the producer, waiting while its queue is full; the future it
-    /// returns resolves when Kafka acknowledged (or refused) the message.
-    pub async fn send(&self, config: &Config, announcement: &Announcement, commit_lsn: Option<Lsn>) -> Result<DeliveryFuture, KafkaError> {
-        let (topic, key, value) = (announcement.topic(config), announcement.key(), announcement.to_bytes());
+    /// Hands the announcement to the producer (key [`Announcement::key`], headers
+    /// [`header::OUTBOX_ID`] and, when given, [`header::COMMIT_LSN`]), waiting while its
+    /// queue is full. The returned future resolves when Kafka acknowledged or refused this
+    /// message; an error here means it was never handed over.
+    pub async fn send(&self, announcement: &Announcement, commit_lsn: Option<Lsn>) -> Result<DeliveryFuture, KafkaError> {
+        let (topic, key, value) = (self.topic(announcement), announcement.key(), announcement.to_bytes());
         let outbox_id = announcement.outbox_id.to_string();
         let lsn = commit_lsn.map(|l| l.to_string());
         let mut headers = OwnedHeaders::new().insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
@@ -176,13 +209,20 @@ impl Announcer {
             headers = headers.insert(Header { key: header::COMMIT_LSN, value: Some(lsn.as_bytes()) });
         }
         loop {
-            let record = FutureRecord::to(&topic).key(&key).payload(&value).headers(headers.clone());
+            let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers.clone());
             match self.producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => tokio::time::sleep(QUEUE_FULL_WAIT).await,
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+
+    /// Waits up to `timeout` for what is queued to be delivered. librdkafka's flush blocks, so
+    /// it runs off the async threads.
+    pub async fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.flush(timeout)).await.map_err(|_| KafkaError::Canceled)?
     }
 }
 
@@ -221,6 +261,26 @@ mod tests {
         assert_eq!(Announcement::parse_keyed(key.as_bytes(), old.as_bytes()).unwrap().claim_token, None);
     }
 
+    /// Byte for byte what the relay wrote before this type existed: a `json!` map (sorted
+    /// keys), the ids prefixed, the token a hyphenated UUID.
+    #[test]
+    fn the_version_1_bytes_are_kept() {
+        for a in [delivery(Some(ClaimToken::new())), delivery(None)] {
+            let Target::Delivery { delivery, .. } = a.target else { unreachable!() };
+            let mut old = serde_json::json!({"v": 1, "outbox_id": a.outbox_id, "reason": a.reason.as_str(), "created_at": a.created_at});
+            old["delivery_id"] = serde_json::Value::String(delivery.to_string());
+            if let Some(token) = a.claim_token {
+                old["claim_token"] = serde_json::Value::String(token.0.to_string());
+            }
+            assert_eq!(String::from_utf8(a.to_bytes()).unwrap(), serde_json::to_string(&old).unwrap());
+        }
+        let forward = ForwardId::new();
+        let f = Announcement { target: Target::Forward { forward, destination: DestinationId::new() }, ..delivery(None) };
+        let old = serde_json::json!({"v": 1, "outbox_id": 42, "reason": "retry", "created_at": f.created_at, "forward_id": forward.to_string()});
+        assert_eq!(String::from_utf8(f.to_bytes()).unwrap(), serde_json::to_string(&old).unwrap());
+        assert!(String::from_utf8(f.to_bytes()).unwrap().starts_with(r#"{"created_at":"#));
+    }
+
     #[test]
     fn refuses_anything_else() {
         let d = DeliveryId::new().to_string();
@@ -233,10 +293,23 @@ mod tests {
             format!(r#"{{"v":1,"delivery_id":"{d}","reason":"whatever"}}"#),
             format!(r#"{{"v":1,"delivery_id":"{d}","forward_id":"fwd_x","reason":"created"}}"#),
             format!(r#"{{"v":1,"delivery_id":"{d}","reason":"retry","claim_token":"nope"}}"#),
+            format!(r#"{{"v":"1","delivery_id":"{d}","reason":"created"}}"#),
+            format!(r#"[1,"{d}","created"]"#),
+            String::new(),
+            // The worker's own list before this type existed (its `parse_hint` test).
+            r#"{"v":2,"delivery_id":"x"}"#.to_string(),
+            r#"{"v":1,"forward_id":"fwd_x"}"#.to_string(),
+            r#"{"v":1,"delivery_id":"ep_0000"}"#.to_string(),
+            r#"{"v":1}"#.to_string(),
         ] {
             assert!(Announcement::parse_keyed(ep.as_bytes(), bad.as_bytes()).is_err(), "{bad}");
         }
         assert!(Announcement::parse_keyed(ep.as_bytes(), b"\xff\xfe").is_err());
+        assert_eq!(Announcement::parse_keyed(ep.as_bytes(), format!(r#"{{"v":2,"delivery_id":"{d}","reason":"created"}}"#).as_bytes()), Err(AnnouncementError::Version(2)));
+        assert_eq!(Announcement::parse_keyed(ep.as_bytes(), br#"{"v":1,"reason":"created"}"#), Err(AnnouncementError::Target));
+        // A null token is no token, as the worker read it before.
+        let null_token = format!(r#"{{"v":1,"delivery_id":"{d}","reason":"created","claim_token":null}}"#);
+        assert_eq!(Announcement::parse_keyed(ep.as_bytes(), null_token.as_bytes()).map(|a| a.claim_token), Ok(None));
         let fine = format!(r#"{{"v":1,"delivery_id":"{d}","reason":"created"}}"#);
         assert_eq!(Announcement::parse_keyed(b"dst_000", fine.as_bytes()), Err(AnnouncementError::Key("endpoint")), "a Delivery keyed by something else");
     }
@@ -245,6 +318,17 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
             let _ = Announcement::parse_keyed(&key, &value);
+        }
+
+        #[test]
+        fn any_announcement_round_trips(outbox_id in proptest::prelude::any::<i64>(), created_at in ".{0,40}", token in proptest::prelude::any::<Option<u128>>(), forward in proptest::prelude::any::<bool>()) {
+            let target = if forward {
+                Target::Forward { forward: ForwardId::new(), destination: DestinationId::new() }
+            } else {
+                Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() }
+            };
+            let a = Announcement { outbox_id, target, reason: AnnouncementReason::Reannounce, claim_token: token.map(|t| ClaimToken(uuid::Uuid::from_u128(t))), created_at };
+            proptest::prop_assert_eq!(Announcement::parse_keyed(a.key().as_bytes(), &a.to_bytes()), Ok(a));
         }
     }
 }

@@ -4,13 +4,14 @@
 //!
 //! Modules: [`pgoutput`] decodes the protocol, [`outbox`] maps inserts to rows, [`progress`]
 //! decides what may be confirmed, [`setup`] checks and creates publication and slot,
-//! [`stream`] is the loop.
+//! [`stream`] is the loop, [`slot`] writes the liveness marker and ends a stream (drain,
+//! final confirm). The Kafka message is [`railhook_kafka::announcement`]'s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use railhook_config::{Config, RelayMode};
-use rdkafka::producer::FutureProducer;
+use railhook_kafka::Announcer;
 use tokio_util::sync::CancellationToken;
 
 pub mod health;
@@ -21,41 +22,59 @@ pub mod progress;
 pub mod reannounce;
 pub mod retention;
 pub mod setup;
+pub mod slot;
 pub mod stream;
 
 pub use health::RelayMetrics;
 pub use stream::RelayStats;
 
+/// The relay's one error type. Each error is classified where it is born: from the SQLSTATE
+/// Postgres sent and the variant of the client library's error, never from message text
+/// ([`RelayError::is_fatal`]: the operator must act; anything else resumes from the slot).
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("relay cannot start: {0}")]
     Misconfigured(String),
     #[error("replication slot {0} is lost (wal_status 'lost'): its WAL was removed")]
     SlotLost(String),
+    /// The slot is not in the state the step needs yet (still active after the stream was
+    /// closed, lost but still held by another relay); retried.
+    #[error("replication slot: {0}")]
+    SlotState(String),
     #[error("Postgres: {}", railhook_store::error::error_chain(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("store: {0}")]
     Store(#[from] railhook_store::StoreError),
     #[error("replication stream: {0}")]
-    Replication(String),
+    Replication(#[source] pgwire_replication::PgWireError),
     /// Another walsender streams from the slot (SQLSTATE 55006): this relay is the standby.
     #[error("replication slot in use: {0}")]
-    SlotInUse(String),
+    SlotInUse(#[source] pgwire_replication::PgWireError),
     #[error("replication stream ended")]
     StreamEnded,
+    /// The stream's messages broke the Begin/change/Commit order.
+    #[error("replication stream: {0}")]
+    Progress(#[from] progress::OrderError),
     #[error("decoding pgoutput: {0}")]
     Decode(#[from] pgoutput::DecodeError),
     #[error("outbox row: {0}")]
     Row(#[from] outbox::RowError),
+    #[error("re-announcement task: {0}")]
+    ReannounceTask(#[source] tokio::task::JoinError),
+    /// Kafka refused a message, or it could not be handed over; the producer may be in a
+    /// fatal state, so the supervisor builds a new one.
     #[error("producing to Kafka: {0}")]
-    Produce(String),
+    Produce(#[source] rdkafka::error::KafkaError),
     #[error("Kafka: {0}")]
     Kafka(#[from] railhook_kafka::KafkaError),
 }
 
 impl RelayError {
-    /// Credentials the server refuses and TLS settings that cannot work are the operator's to
-    /// fix: they end the relay ([`RelayError::is_fatal`]) instead of being retried.
+    /// Credentials the server refuses (SQLSTATE class 28, or pgwire-replication's `Auth`
+    /// variant) are the operator's to fix: they end the relay ([`RelayError::is_fatal`])
+    /// instead of being retried. 55006 (object in use) on the slot means another relay
+    /// streams from it. TLS settings that cannot work are caught before connecting
+    /// ([`stream::open`]), so every other error here is retried.
     fn from_replication(e: pgwire_replication::PgWireError) -> RelayError {
         use pgwire_replication::PgWireError;
         use tokio_postgres::error::SqlState;
@@ -66,11 +85,10 @@ impl RelayError {
                 Some(code) if code.code().starts_with("28") => {
                     RelayError::Misconfigured(format!("replication connection: authentication failed: {m}"))
                 }
-                Some(code) if code == SqlState::OBJECT_IN_USE => RelayError::SlotInUse(m.clone()),
-                _ => RelayError::Replication(e.to_string()),
+                Some(code) if code == SqlState::OBJECT_IN_USE => RelayError::SlotInUse(e),
+                _ => RelayError::Replication(e),
             },
-            PgWireError::Tls(m) if m.starts_with("TLS config error") => RelayError::Misconfigured(format!("replication connection: {m}")),
-            _ => RelayError::Replication(e.to_string()),
+            _ => RelayError::Replication(e),
         }
     }
 
@@ -171,8 +189,8 @@ pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancellat
 async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
     let mut backoff = Backoff::new();
     while !shutdown.is_cancelled() {
-        let Some(producer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
-        match poll::run(config.clone(), producer, metrics.stats.clone(), shutdown.clone()).await {
+        let Some(announcer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+        match poll::run(config.clone(), announcer, metrics.stats.clone(), shutdown.clone()).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
@@ -184,10 +202,10 @@ async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, shutdown: Ca
     Ok(())
 }
 
-/// Topics exist and an idempotent producer is built; retried until Kafka answers or
-/// `shutdown` (then `None`).
-async fn connect_producer(config: &Config, shutdown: &CancellationToken) -> Result<Option<FutureProducer>, RelayError> {
-    let topics = [config.deliveries_topic(), config.forwards_topic()];
+/// Topics exist and an idempotent producer is built, wrapped in the [`Announcer`]; retried
+/// until Kafka answers or `shutdown` (then `None`).
+async fn connect_producer(config: &Config, shutdown: &CancellationToken) -> Result<Option<Announcer>, RelayError> {
+    let topics = railhook_kafka::announcement::topics(config);
     let mut backoff = Backoff::new();
     loop {
         match railhook_kafka::ensure_topics(&config.kafka, &topics).await {
@@ -203,7 +221,8 @@ async fn connect_producer(config: &Config, shutdown: &CancellationToken) -> Resu
     let mut producer_config = railhook_kafka::idempotent_producer_config(&config.kafka, stream::MAX_IN_FLIGHT);
     // Kafka being down must delay messages, never fail them: the slot holds them meanwhile.
     producer_config.set("message.timeout.ms", "0");
-    Ok(Some(producer_config.create().map_err(railhook_kafka::KafkaError::from)?))
+    let producer = producer_config.create().map_err(railhook_kafka::KafkaError::from)?;
+    Ok(Some(Announcer::new(producer, config)))
 }
 
 /// Exponential backoff from 250 ms to 10 s; `wait` returns false on shutdown.
@@ -232,7 +251,7 @@ impl Backoff {
 /// and start over from the slot after any error that is not fatal. A lost or dropped slot is
 /// recreated (when `relay.recreate_lost_slot`) and what is still PENDING re-announced.
 async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let Some(mut producer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+    let Some(mut announcer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
     let mut known = false;
     // Set when this process created the slot; cleared once the re-announcement succeeded.
     let mut needs_reannounce = false;
@@ -293,7 +312,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
         }
         metrics.standby.set(0);
         let started = Instant::now();
-        let result = stream::stream(config.clone(), producer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
+        let result = stream::stream(config.clone(), announcer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
         metrics.stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
         metrics.stats.in_flight.store(0, std::sync::atomic::Ordering::Relaxed);
         match result {
@@ -317,9 +336,10 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
                 if matches!(e, RelayError::Produce(_)) {
                     // A fatal producer state (e.g. an idempotence violation) needs a new producer.
                     match connect_producer(&config, &shutdown).await? {
-                        Some(p) => {
-                            // Dropping a producer flushes and destroys it, which blocks.
-                            let old = std::mem::replace(&mut producer, p);
+                        Some(a) => {
+                            // Dropping the last handle of a producer flushes and destroys it,
+                            // which blocks.
+                            let old = std::mem::replace(&mut announcer, a);
                             tokio::task::spawn_blocking(move || drop(old));
                         }
                         None => return Ok(()),
@@ -352,8 +372,52 @@ mod tests {
         assert!(!server("replication slot \"rh\" is active for PID 4242").is_slot_in_use(), "no code: not classified");
         let other = server("could not open file (SQLSTATE 58P01)");
         assert!(matches!(other, RelayError::Replication(_)) && !other.is_fatal());
+        // The library's error stays the source.
+        let in_use = server("replication slot \"rh\" is active for PID 4242 (SQLSTATE 55006)");
+        assert!(matches!(std::error::Error::source(&in_use).and_then(|s| s.downcast_ref::<PgWireError>()), Some(PgWireError::Server(_))));
         assert_eq!(server_sqlstate("x (SQLSTATE 55006)"), Some(tokio_postgres::error::SqlState::OBJECT_IN_USE));
         assert_eq!(server_sqlstate("x (SQLSTATE 5500)"), None);
         assert_eq!(server_sqlstate("unknown server error"), None);
+    }
+
+    /// By the library's error variant: refused credentials stop the relay; the network, TLS
+    /// handshakes (a certificate that does not verify may be fixed on the server's side) and
+    /// the rest are retried.
+    #[test]
+    fn replication_errors_are_classified_by_variant() {
+        let e = RelayError::from_replication;
+        assert!(e(PgWireError::Auth("SCRAM server error: invalid-proof".into())).is_fatal());
+        for retried in [
+            PgWireError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            PgWireError::Tls("TLS handshake failed: invalid peer certificate: UnknownIssuer".into()),
+            PgWireError::Tls("TLS config error: written by the library, read as any TLS error".into()),
+            PgWireError::Protocol("unexpected message".into()),
+            PgWireError::Task("worker ended".into()),
+        ] {
+            let e = e(retried);
+            assert!(matches!(e, RelayError::Replication(_)) && !e.is_fatal() && std::error::Error::source(&e).is_some(), "{e}");
+        }
+    }
+
+    /// TLS settings that cannot work are found before connecting, from Railhook's own reading
+    /// of `database.url` (no server is needed: the port is never dialled).
+    #[tokio::test]
+    async fn an_unusable_sslrootcert_stops_the_relay_before_it_connects() {
+        let mut config = Config::default();
+        config.database.url = "postgres://u@127.0.0.1:1/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem".into();
+        let e = stream::open(&config, railhook_core::Lsn::ZERO).await.err().expect("refused");
+        assert!(matches!(e, RelayError::Misconfigured(_)) && e.is_fatal() && e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+        config.database.url = "postgres://u@127.0.0.1:1/app?sslmode=verify-everything".into();
+        assert!(stream::open(&config, railhook_core::Lsn::ZERO).await.err().expect("refused").is_fatal());
+    }
+
+    /// Kafka's and the stream's errors keep their sources; a produce error is retried with a
+    /// new producer, an order error from the stream from the slot.
+    #[test]
+    fn produce_and_order_errors_keep_their_source_and_are_retried() {
+        let produce = RelayError::Produce(rdkafka::error::KafkaError::Canceled);
+        assert!(!produce.is_fatal() && std::error::Error::source(&produce).is_some());
+        let order = RelayError::from(progress::OrderError("Begin inside an open transaction"));
+        assert!(!order.is_fatal() && order.to_string().contains("Begin inside an open transaction"));
     }
 }

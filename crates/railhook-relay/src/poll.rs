@@ -90,7 +90,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use railhook_config::Config;
-use rdkafka::producer::FutureProducer;
+use railhook_kafka::Announcer;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
@@ -268,12 +268,11 @@ struct Produced {
     /// Not handed over or not acknowledged, in id order.
     failed: Vec<i64>,
     /// The first produce error.
-    error: Option<String>,
+    error: Option<RelayError>,
 }
 
 /// Produces the claimed rows concurrently and waits for every acknowledgement.
-async fn produce_batch(config: &Config, producer: &FutureProducer, rows: &[OutboxRow], stats: &RelayStats) -> Produced {
-    let announcer = railhook_kafka::Announcer::new(producer.clone());
+async fn produce_batch(announcer: &Announcer, rows: &[OutboxRow], stats: &RelayStats) -> Produced {
     let mut out = Produced::default();
     let mut pending = Vec::with_capacity(rows.len());
     // Hand everything to the producer first (in id order, so each key keeps its order), then
@@ -281,9 +280,10 @@ async fn produce_batch(config: &Config, producer: &FutureProducer, rows: &[Outbo
     for (i, row) in rows.iter().enumerate() {
         stats.read.fetch_add(1, Ordering::Relaxed);
         // No commit LSN in poll mode; the Announcer waits while the producer's queue is full.
+        // (An outbox row always has exactly one target: the table's CHECK.)
         let sent = match row.announcement() {
-            Ok(announcement) => announcer.send(config, &announcement, None).await.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+            Ok(announcement) => announcer.send(&announcement, None).await.map_err(RelayError::Produce),
+            Err(e) => Err(RelayError::Row(e)),
         };
         match sent {
             Ok(delivery) => pending.push((row.id, delivery)),
@@ -301,8 +301,9 @@ async fn produce_batch(config: &Config, producer: &FutureProducer, rows: &[Outbo
     for (id, result) in ids.into_iter().zip(results) {
         let error = match result {
             Ok(Ok(_)) => None,
-            Ok(Err((e, _))) => Some(e.to_string()),
-            Err(_) => Some("producer dropped the message".to_string()),
+            Ok(Err((e, _))) => Some(e),
+            // The producer was destroyed with the message still queued.
+            Err(_) => Some(rdkafka::error::KafkaError::Canceled),
         };
         match error {
             None => {
@@ -312,7 +313,7 @@ async fn produce_batch(config: &Config, producer: &FutureProducer, rows: &[Outbo
             Some(e) => {
                 stats.produce_errors.fetch_add(1, Ordering::Relaxed);
                 out.failed.push(id);
-                out.error.get_or_insert(e);
+                out.error.get_or_insert(RelayError::Produce(e));
             }
         }
     }
@@ -337,7 +338,7 @@ struct Unfinished {
 /// producer may be in a fatal state, so the caller decides whether to start over with a new one.
 ///
 /// The topics must exist (`railhook_relay::run` ensures them before building the producer).
-pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
+pub async fn run(config: Arc<Config>, announcer: Announcer, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
     let url = railhook_store::DatabaseUrl::parse(&config.database.url).map_err(|e| RelayError::Misconfigured(e.to_string()))?;
     let tls = url.tls_connector().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
     let mut pg = url.pg;
@@ -356,7 +357,7 @@ pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<Relay
                     tracing::warn!(error = %e, "poll relay: Postgres connection ended");
                 }
             });
-            let result = poll_loop(&config, &producer, &client, &limits, &stats, &shutdown, &mut unfinished, &mut backoff).await;
+            let result = poll_loop(&announcer, &client, &limits, &stats, &shutdown, &mut unfinished, &mut backoff).await;
             drop(client);
             conn.abort();
             result
@@ -391,10 +392,8 @@ pub async fn run(config: Arc<Config>, producer: FutureProducer, stats: Arc<Relay
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
-#[allow(clippy::too_many_arguments)]
 async fn poll_loop(
-    config: &Config,
-    producer: &FutureProducer,
+    announcer: &Announcer,
     client: &Client,
     limits: &Limits,
     stats: &RelayStats,
@@ -412,7 +411,7 @@ async fn poll_loop(
         if !claim.rows.is_empty() {
             tracing::debug!(rows = claim.rows.len(), left_behind = claim.left_behind, "claimed a batch");
             // Not raced against `shutdown`: a batch once claimed is produced and finalised.
-            let produced = produce_batch(config, producer, &claim.rows, stats).await;
+            let produced = produce_batch(announcer, &claim.rows, stats).await;
             *unfinished = Some(Unfinished { acked: produced.acked, claimed_at: claim.claimed_at });
             let u = unfinished.as_ref().expect("just set");
             let published = mark_published(client, &u.acked, u.claimed_at).await?;
@@ -426,7 +425,7 @@ async fn poll_loop(
                 // If this fails the rows stay SENDING and are recovered after the recovery age.
                 release(client, &produced.failed, claim.claimed_at).await?;
                 tracing::error!(error = %e, failed = produced.failed.len(), published, "producing to Kafka failed; failed rows released");
-                return Err(RelayError::Produce(e));
+                return Err(e);
             }
         }
         let capped = !claim.rows.is_empty() && claim.left_behind > 0;

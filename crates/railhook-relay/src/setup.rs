@@ -126,7 +126,7 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
                 }
                 if active_pid.is_some() {
                     // Another relay still holds the invalidated slot; it will notice and stop.
-                    return Err(RelayError::Replication(format!("slot {name} is lost but still active for PID {active_pid:?}")));
+                    return Err(RelayError::SlotState(format!("{name} is lost but still active for PID {active_pid:?}")));
                 }
                 tracing::error!(slot = %name, "replication slot is lost (wal_status 'lost'): dropping and recreating it, then re-announcing what is still PENDING");
                 client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await?;

@@ -15,7 +15,6 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::message::Headers;
-use rdkafka::producer::FutureProducer;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
@@ -33,10 +32,10 @@ async fn setup_kafka(config: &Config) {
 }
 
 /// The relay's producer, built as `railhook_relay::run` builds it.
-fn producer(config: &Config) -> FutureProducer {
+fn announcer(config: &Config) -> railhook_kafka::Announcer {
     let mut producer_config = railhook_kafka::idempotent_producer_config(&config.kafka, railhook_relay::stream::MAX_IN_FLIGHT);
     producer_config.set("message.timeout.ms", "0");
-    producer_config.create().unwrap()
+    railhook_kafka::Announcer::new(producer_config.create().unwrap(), config)
 }
 
 /// Inserts one outbox row per route (delivery rows) in one transaction, in order; returns their ids.
@@ -178,7 +177,7 @@ impl Poller {
     fn start(config: &Arc<Config>) -> Poller {
         let stats = Arc::new(RelayStats::default());
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(poll::run(config.clone(), producer(config), stats.clone(), shutdown.clone()));
+        let task = tokio::spawn(poll::run(config.clone(), announcer(config), stats.clone(), shutdown.clone()));
         Poller { stats, shutdown, task }
     }
 
@@ -515,11 +514,12 @@ async fn a_failed_produce_releases_the_rows_and_stops_the_poller() {
     let stats = Arc::new(RelayStats::default());
     let result = tokio::time::timeout(
         Duration::from_secs(60),
-        poll::run(config.clone(), producer(&config), stats.clone(), CancellationToken::new()),
+        poll::run(config.clone(), announcer(&config), stats.clone(), CancellationToken::new()),
     )
     .await
     .expect("the poller gives up on a permanent error");
-    assert!(matches!(result, Err(railhook_relay::RelayError::Produce(_))), "{result:?}");
+    // Kafka's own error, kept as the source.
+    assert!(matches!(result, Err(railhook_relay::RelayError::Produce(rdkafka::error::KafkaError::MessageProduction(_)))), "{result:?}");
     assert_eq!(stats.read.load(Ordering::Relaxed), 3);
     assert_eq!(stats.produced.load(Ordering::Relaxed), 0);
     assert_eq!(stats.produce_errors.load(Ordering::Relaxed), 3);

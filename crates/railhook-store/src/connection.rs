@@ -250,6 +250,57 @@ impl DatabaseUrl {
     }
 }
 
+impl DatabaseUrl {
+    /// The replication connection's settings for pgwire-replication (the relay's stream), from
+    /// this same reading of the URL: the `sslmode` (`prefer` tries TLS, `require` encrypts
+    /// without verifying, `verify-ca`/`verify-full` check the server against `sslrootcert` or
+    /// the Mozilla roots), `hostaddr` (connect there, check the certificate against `host`)
+    /// and the percent-decoded password, with which pgwire-replication answers SCRAM-SHA-256
+    /// (or MD5/cleartext) when the server asks. What is not the connection's (the start
+    /// position, intervals, buffer) is left at pgwire-replication's defaults for the caller.
+    pub fn replication_config(&self, slot: &str, publication: &str, application_name: &str) -> Result<pgwire_replication::ReplicationConfig, StoreError> {
+        use pgwire_replication::{ReplicationConfig, TlsConfig};
+        use tokio_postgres::config::Host;
+        let pg = &self.pg;
+        let host = match pg.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(p)) => p.display().to_string(),
+            None => "localhost".into(),
+        };
+        // libpq's hostaddr: connect there, and check the certificate against `host`.
+        let (addr, tls_name) = match pg.get_hostaddrs().first() {
+            Some(ip) => (ip.to_string(), Some(host)),
+            None => (host, None),
+        };
+        let port = pg.get_ports().first().copied().unwrap_or(5432);
+        let password = match pg.get_password() {
+            None => String::new(),
+            Some(p) => String::from_utf8(p.to_vec()).map_err(|_| url_error("the password is not UTF-8"))?,
+        };
+        let ca = match &self.root_certs {
+            RootCerts::WebPki => None,
+            RootCerts::File(path) => Some(path.clone()),
+        };
+        let mut tls = match self.ssl_mode {
+            SslMode::Disable => TlsConfig::disabled(),
+            SslMode::Prefer => TlsConfig { mode: pgwire_replication::SslMode::Prefer, ..TlsConfig::disabled() },
+            SslMode::Require => TlsConfig::require(),
+            SslMode::VerifyCa => TlsConfig::verify_ca(ca),
+            SslMode::VerifyFull => TlsConfig::verify_full(ca),
+        };
+        match tls_name {
+            Some(name) => tls = tls.with_sni_hostname(name),
+            // pgwire-replication refuses verify-full for an IP address unless the name to check
+            // is given explicitly; rustls checks an IP address against the certificate's IP SANs.
+            None if self.ssl_mode == SslMode::VerifyFull && addr.parse::<std::net::IpAddr>().is_ok() => tls = tls.with_sni_hostname(addr.clone()),
+            None => {}
+        }
+        let user = pg.get_user().unwrap_or("postgres");
+        let database = pg.get_dbname().unwrap_or("postgres");
+        Ok(ReplicationConfig::new(addr, user, password, database, slot, publication).with_port(port).with_tls(tls).with_application_name(application_name))
+    }
+}
+
 /// Connects to `url` honouring its `sslmode` and `sslrootcert` (see the module docs).
 pub async fn connect(url: &str) -> Result<(Client, JoinHandle<()>), StoreError> {
     DatabaseUrl::parse(url)?.connect().await
