@@ -106,7 +106,7 @@ fn invalid_url(message: impl Into<String>) -> ApiError {
 /// literal directly, a host name through DNS (with [`DNS_TIMEOUT`]), refused if ANY answer
 /// is denied, since the connection could go to any of them. Returns the normalised URL,
 /// which is what is stored.
-async fn check_url(config: &Config, resolver: &Resolver, raw: &str) -> Result<String, ApiError> {
+pub(crate) async fn check_url(config: &Config, resolver: &Resolver, raw: &str) -> Result<String, ApiError> {
     let url = parse_endpoint_url(raw.trim()).map_err(|e| invalid_url(e.to_string()))?;
     let allow = AllowList::parse(&config.network.allow_cidrs).map_err(|e| {
         tracing::error!(error = %e, "network.allow_cidrs does not parse (config validation should have refused it)");
@@ -136,7 +136,7 @@ async fn resolve(resolver: &Resolver, host: &str) -> Result<Vec<IpAddr>, ApiErro
     Ok(addresses)
 }
 
-fn is_token_char(b: u8) -> bool {
+pub(crate) fn is_token_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
@@ -185,7 +185,7 @@ fn check_description(description: &str) -> Result<&str, ApiError> {
     Ok(description)
 }
 
-fn check_rate_limit(value: i64) -> Result<i32, ApiError> {
+pub(crate) fn check_rate_limit(value: i64) -> Result<i32, ApiError> {
     if !RATE_LIMIT_PER_SECOND.contains(&value) {
         return Err(ApiError::invalid(
             "rate_limit_per_second",

@@ -20,8 +20,11 @@ pub mod endpoints;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod incoming;
+pub mod ingress;
 pub mod openapi;
 pub mod pagination;
+pub mod sources;
 pub mod subscriptions;
 
 use error::ApiError;
@@ -76,6 +79,17 @@ fn v1(state: AppState) -> Router {
         .route("/v1/endpoints/{id}/secret", get(endpoints::secret))
         .route("/v1/subscriptions", post(subscriptions::create).get(subscriptions::list))
         .route("/v1/subscriptions/{id}", get(subscriptions::get).patch(subscriptions::update).delete(subscriptions::delete))
+        .route("/v1/sources", post(sources::create).get(sources::list))
+        .route("/v1/sources/{id}", get(sources::get).patch(sources::update).delete(sources::delete))
+        .route("/v1/sources/{id}/disable", post(sources::disable))
+        .route("/v1/sources/{id}/rotate-secret", post(sources::rotate_secret))
+        .route("/v1/sources/{id}/destinations", post(sources::create_destination).get(sources::list_destinations))
+        .route(
+            "/v1/sources/{id}/destinations/{destination_id}",
+            get(sources::get_destination).patch(sources::update_destination).delete(sources::delete_destination),
+        )
+        .route("/v1/incoming-events", get(incoming::list))
+        .route("/v1/incoming-events/{id}", get(incoming::get))
         .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .layer(axum::middleware::from_fn({
@@ -88,7 +102,9 @@ fn v1(state: AppState) -> Router {
 /// The whole router. Tests call it directly.
 pub fn app(state: AppState) -> Router {
     let ops = Ops::new(state.metrics.clone(), vec![("postgres", postgres_check(state.pool.clone()))]);
+    let ingress = ingress::router(&state);
     v1(state)
+        .merge(ingress)
         .merge(railhook_telemetry::ops_router(ops))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {

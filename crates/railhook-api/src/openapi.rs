@@ -26,7 +26,7 @@ impl Modify for Security {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Railhook API", description = "Self-hosted webhook gateway: ingest events, manage endpoints and subscriptions, inspect deliveries and retry Failed Messages."),
+    info(title = "Railhook API", description = "Self-hosted webhook gateway: ingest events, manage endpoints and subscriptions, inspect deliveries and retry Failed Messages; receive providers' webhooks through Sources and forward them to Destinations."),
     paths(
         crate::admin::create_organization,
         crate::admin::create_project,
@@ -54,6 +54,21 @@ impl Modify for Security {
         crate::deliveries::retry,
         crate::deliveries::failed,
         crate::deliveries::retry_failed,
+        crate::sources::create,
+        crate::sources::list,
+        crate::sources::get,
+        crate::sources::update,
+        crate::sources::disable,
+        crate::sources::delete,
+        crate::sources::rotate_secret,
+        crate::sources::create_destination,
+        crate::sources::list_destinations,
+        crate::sources::get_destination,
+        crate::sources::update_destination,
+        crate::sources::delete_destination,
+        crate::incoming::list,
+        crate::incoming::get,
+        crate::ingress::receive,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
     modifiers(&Security)
