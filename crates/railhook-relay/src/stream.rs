@@ -161,8 +161,8 @@ struct Streaming {
 /// Each turn of the loop, in this order (the module docs say why the order matters): one
 /// thing happens (an acknowledgement, the re-announcement's end, the shutdown signal, the
 /// drain's timeout, or one replication event, read only below the in-flight bounds and
-/// before the drain), then the in-flight gauge, then [`Streaming::confirm`], then the
-/// drain's end check. After the loop, [`Streaming::finish`].
+/// before the drain), then the in-flight gauge, then `Streaming::confirm`, then the
+/// drain's end check. After the loop, `Streaming::finish`.
 pub async fn stream(
     config: Arc<Config>,
     announcer: Announcer,
