@@ -117,6 +117,19 @@ pub fn uuid_of(id: &str) -> uuid::Uuid {
         "evt" => id.parse::<railhook_core::EventId>().unwrap().0,
         "sub" => id.parse::<railhook_core::SubscriptionId>().unwrap().0,
         "dlv" => id.parse::<railhook_core::DeliveryId>().unwrap().0,
+        "src" => id.parse::<railhook_core::SourceId>().unwrap().0,
+        "dst" => id.parse::<railhook_core::DestinationId>().unwrap().0,
+        "ine" => id.parse::<railhook_core::IncomingEventId>().unwrap().0,
         other => panic!("unknown prefix {other}"),
     }
+}
+
+/// Hex HMAC-SHA256 of the concatenated `parts`, as providers sign.
+pub fn hmac_sha256_hex(key: &[u8], parts: &[&[u8]]) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    for part in parts {
+        mac.update(part);
+    }
+    hex::encode(mac.finalize().into_bytes())
 }
