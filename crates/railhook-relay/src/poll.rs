@@ -23,7 +23,7 @@
 //!
 //! 1. **Claim** ([`claim_batch`]), one statement, committed on its own:
 //!    - `head`: the oldest [`SCAN_ROWS`] claimable rows by id (PENDING, or SENDING under a claim
-//!      older than [`RECOVER_AFTER`]), read through the partial index `outbox_poll_idx`;
+//!      older than [`RECOVER_AFTER`]), read through the partial index `outbox_poll_idx` (made by [`ensure_index`] at start);
 //!    - fairness by window functions over `head`: at most [`MAX_PER_ENDPOINT`] rows per
 //!      routing id (endpoint or destination, the oldest ones), then at most
 //!      [`MAX_PER_PROJECT`] per project taken round-robin over its endpoints (rank within the
@@ -338,6 +338,30 @@ struct Unfinished {
 /// producer may be in a fatal state, so the caller decides whether to start over with a new one.
 ///
 /// The topics must exist (`railhook_relay::run` ensures them before building the producer).
+/// The poller's partial index, `outbox_poll_idx`: made here, not by a migration, because in
+/// CDC mode it would cost an index entry per announcement for nothing (migration 0015 drops
+/// it). Built `CONCURRENTLY`, so the ingest is not blocked while a large outbox is indexed; an
+/// invalid index left by an interrupted build is dropped and built again.
+pub async fn ensure_index(client: &Client) -> Result<(), tokio_postgres::Error> {
+    let valid: Option<bool> = client
+        .query_opt(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname = 'outbox_poll_idx' AND c.relnamespace = current_schema()::regnamespace",
+            &[],
+        )
+        .await?
+        .map(|r| r.get(0));
+    match valid {
+        Some(true) => return Ok(()),
+        Some(false) => client.batch_execute("DROP INDEX CONCURRENTLY IF EXISTS outbox_poll_idx").await?,
+        None => {}
+    }
+    tracing::info!("poll relay: creating the outbox_poll_idx index");
+    client
+        .batch_execute("CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_poll_idx ON outbox (id) WHERE poll_status <> 'PUBLISHED'")
+        .await
+}
+
 pub async fn run(config: Arc<Config>, announcer: Announcer, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
     let url = railhook_store::DatabaseUrl::parse(&config.database.url).map_err(|e| RelayError::Misconfigured(e.to_string()))?;
     let tls = url.tls_connector().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
@@ -357,6 +381,7 @@ pub async fn run(config: Arc<Config>, announcer: Announcer, stats: Arc<RelayStat
                     tracing::warn!(error = %e, "poll relay: Postgres connection ended");
                 }
             });
+            ensure_index(&client).await?;
             let result = poll_loop(&announcer, &client, &limits, &stats, &shutdown, &mut unfinished, &mut backoff).await;
             drop(client);
             conn.abort();

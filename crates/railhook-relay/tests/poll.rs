@@ -608,3 +608,44 @@ async fn drains_a_backlog_without_waiting_between_capped_batches() {
     poller.stop().await;
     assert!(took < Duration::from_secs(8), "capped batches follow each other at once: {took:?}");
 }
+
+async fn poll_index_valid(client: &Client) -> Option<bool> {
+    client
+        .query_opt(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = 'outbox_poll_idx'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn the_poll_index_exists_only_once_a_poller_made_it_and_an_invalid_one_is_rebuilt() {
+    let (_db, _config, client) = setup().await;
+    // Migrated for CDC mode: no index that every announcement would pay for.
+    assert_eq!(poll_index_valid(&client).await, None);
+    poll::ensure_index(&client).await.unwrap();
+    assert_eq!(poll_index_valid(&client).await, Some(true));
+    poll::ensure_index(&client).await.unwrap();
+    assert_eq!(poll_index_valid(&client).await, Some(true));
+    // What a failed CREATE INDEX CONCURRENTLY leaves behind: an invalid index of that name
+    // (here a unique one that two rows of one project violate).
+    client.batch_execute("DROP INDEX outbox_poll_idx").await.unwrap();
+    insert(&client, Uuid::now_v7(), &[Uuid::now_v7(), Uuid::now_v7()]).await;
+    let failed = client.batch_execute("CREATE UNIQUE INDEX CONCURRENTLY outbox_poll_idx ON outbox (project_id) WHERE poll_status <> 'PUBLISHED'").await;
+    assert!(failed.is_err());
+    assert_eq!(poll_index_valid(&client).await, Some(false));
+    poll::ensure_index(&client).await.unwrap();
+    assert_eq!(poll_index_valid(&client).await, Some(true));
+    // The poller's claim can read through it (the table is small: no sequential scan then).
+    client.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = client
+        .query("EXPLAIN SELECT id FROM outbox WHERE poll_status <> 'PUBLISHED' ORDER BY id LIMIT 10", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(plan.iter().any(|l| l.contains("outbox_poll_idx")), "{plan:?}");
+}

@@ -1,6 +1,6 @@
 //! The finalise (DESIGN.md 6.2): the Attempt on record, the Delivery's next state and its
 //! successor only while the Claim holds, and the outcome in the endpoint's circuit
-//! (`railhook_finalise_batch` and `railhook_circuit_record` in `rules.sql`); and the release
+//! (`railhook_finalise_batch` and `railhook_circuit_record_many` in `rules.sql`); and the release
 //! of a Claim that sent nothing.
 
 use chrono::{DateTime, Utc};

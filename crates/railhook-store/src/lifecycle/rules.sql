@@ -172,7 +172,8 @@ BEGIN
 
         -- Concurrency.
         IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
-            SELECT count(*) INTO n FROM deliveries WHERE endpoint_id = d.endpoint_id AND status = 'PROCESSING';
+            SELECT count(*) INTO n FROM deliveries
+            WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING';
             IF n >= p_endpoint_concurrency THEN
                 reason := 'endpoint_concurrency';
                 defer_until := now() + interval '1 second';
@@ -258,7 +259,7 @@ $$;
 -- endpoint's circuit. The caller sorts the batch by endpoint, so finalise batches lock
 -- circuit rows in one order. The Attempt id comes from the caller, so a finalise made again
 -- after a lost reply inserts nothing twice. Returns per element its 1-based index, whether
--- the fence held, the circuit's change (railhook_circuit_record) or NULL, and the Delivery
+-- the fence held, the circuit's change (railhook_circuit_record_many, once per endpoint of the batch) or NULL, and the Delivery
 -- the Ordering Buffer released (or NULL).
 --
 -- Ordering: a Delivery with a Sequence Number that ends (SUCCESS or Failed Messages)
@@ -283,6 +284,9 @@ DECLARE
     rel uuid;
     k bigint;
     n integer := coalesce(cardinality(p_deliveries), 0);
+    run_start integer := 1;
+    run_tokens uuid[];
+    run_healthy boolean[];
 BEGIN
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
@@ -349,12 +353,21 @@ BEGIN
     WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
     ON CONFLICT (id) DO NOTHING;
 
+    -- The circuit: once per Endpoint of the batch (the caller sorts by Endpoint, so its rows
+    -- are one run), with the outcomes of its fenced rows; a change is reported on the run's
+    -- last row.
     FOR i IN 1 .. n LOOP
         idx := i;
         wrote := i = ANY (fenced);
-        circuit := CASE WHEN wrote
-            THEN railhook_circuit_record(p_endpoints[i], p_tokens[i], p_healthy[i], p_window_s, p_min_volume, p_ratio)
-        END;
+        circuit := NULL;
+        IF i = n OR p_endpoints[i + 1] IS DISTINCT FROM p_endpoints[i] THEN
+            SELECT array_agg(p_tokens[j] ORDER BY j), array_agg(p_healthy[j] ORDER BY j) INTO run_tokens, run_healthy
+            FROM generate_series(run_start, i) AS j WHERE j = ANY (fenced);
+            IF run_tokens IS NOT NULL THEN
+                circuit := railhook_circuit_record_many(p_endpoints[i], run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+            END IF;
+            run_start := i + 1;
+        END IF;
         released := freed[i];
         RETURN NEXT;
     END LOOP;
@@ -362,23 +375,34 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- The circuit breaker: records one Attempt's outcome in the endpoint's circuit; returns the
--- change ('opened', 'closed', 'reopened') or NULL. A failure is an outcome that asks for a
--- retry. The circuit opens when, within the current window of p_window_s seconds, at least
--- p_min_volume outcomes were seen and the failure ratio reached p_ratio. A half-open probe
--- closes it on success and reopens it on failure.
-CREATE OR REPLACE FUNCTION railhook_circuit_record(
-    p_endpoint uuid, p_token uuid, p_success boolean,
+-- The circuit breaker: records the outcomes of one endpoint's Attempts of a finalise batch
+-- (p_tokens[i], p_healthy[i], in the batch's order) in its circuit, with one row lock and
+-- one update; returns the change ('opened', 'closed', 'reopened') or NULL. A failure is an
+-- outcome that asks for a retry. Closed: the batch's outcomes are added to the current
+-- window of p_window_s seconds, and the circuit opens when at least p_min_volume outcomes
+-- were seen and the failure ratio reached p_ratio. Half-open: only the probe's outcome (the
+-- Attempt under probe_token) counts; it closes the circuit on success and reopens it on
+-- failure. Open: nothing is recorded.
+DROP FUNCTION IF EXISTS railhook_circuit_record(uuid, uuid, boolean, double precision, integer, double precision);
+CREATE OR REPLACE FUNCTION railhook_circuit_record_many(
+    p_endpoint uuid, p_tokens uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     c record;
+    probe integer;
+    ok integer;
+    bad integer;
 BEGIN
     INSERT INTO endpoint_circuits (endpoint_id) VALUES (p_endpoint) ON CONFLICT (endpoint_id) DO NOTHING;
     SELECT * INTO c FROM endpoint_circuits WHERE endpoint_id = p_endpoint FOR UPDATE;
-    IF c.state = 'half_open' AND c.probe_token IS NOT DISTINCT FROM p_token THEN
-        IF p_success THEN
+    IF c.state = 'half_open' THEN
+        probe := array_position(p_tokens, c.probe_token);
+        IF probe IS NULL THEN
+            RETURN NULL;
+        END IF;
+        IF p_healthy[probe] THEN
             UPDATE endpoint_circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
                                          opened_at = NULL, probe_token = NULL, probe_at = NULL
             WHERE endpoint_id = p_endpoint;
@@ -395,11 +419,9 @@ BEGIN
         c.failures := 0;
         c.window_start := now();
     END IF;
-    IF p_success THEN
-        c.successes := c.successes + 1;
-    ELSE
-        c.failures := c.failures + 1;
-    END IF;
+    SELECT count(*) FILTER (WHERE h), count(*) FILTER (WHERE NOT h) INTO ok, bad FROM unnest(p_healthy) AS h;
+    c.successes := c.successes + ok;
+    c.failures := c.failures + bad;
     IF p_min_volume > 0 AND c.successes + c.failures >= p_min_volume
        AND c.failures::double precision / (c.successes + c.failures) >= p_ratio THEN
         UPDATE endpoint_circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
