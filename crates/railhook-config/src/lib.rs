@@ -180,6 +180,10 @@ pub struct WorkerConfig {
     pub outgoing_max_age_seconds: u64,
     /// Incoming Forwards go to Failed Messages this long after their ladder started (24 h).
     pub incoming_max_age_seconds: u64,
+    /// The incoming Retry Ladder in seconds, replacing the one stored in each Forward at its
+    /// first claim: these waits, and one Attempt more than waits. Empty (the default): each
+    /// Forward keeps the ladder it was created with (60, 300, 900, 3600; 5 Attempts).
+    pub incoming_retry_delays_seconds: Vec<i32>,
     /// Longest wait a `Retry-After` header may impose.
     pub retry_after_max_seconds: u64,
     /// On SIGTERM, how long Attempts in flight may take to finish before their Claims are
@@ -322,6 +326,7 @@ impl Default for WorkerConfig {
             retry_reannounce_after_seconds: 30,
             outgoing_max_age_seconds: 96 * 3_600,
             incoming_max_age_seconds: 24 * 3_600,
+            incoming_retry_delays_seconds: Vec::new(),
             retry_after_max_seconds: 6 * 3_600,
             shutdown_grace_ms: 25_000,
             endpoint_concurrency: 10,
@@ -507,6 +512,10 @@ impl Config {
         }
         if !(self.worker.circuit_failure_ratio > 0.0 && self.worker.circuit_failure_ratio <= 1.0) {
             problems.push("worker.circuit_failure_ratio must be above 0 and at most 1".into());
+        }
+        let delays = &self.worker.incoming_retry_delays_seconds;
+        if delays.len() > 50 || delays.iter().any(|d| !(1..=86_400).contains(d)) {
+            problems.push("worker.incoming_retry_delays_seconds must list at most 50 waits, each from 1 to 86400 seconds (or be empty: the default ladder)".into());
         }
         if self.worker.processing_timeout_seconds == 0 {
             problems.push("worker.processing_timeout_seconds must be at least 1".into());

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod consumer;
 pub mod error;
+pub mod forwards;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
@@ -65,6 +66,14 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let mut jobs = JoinSet::new();
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    // The incoming direction: its own consume loop and sweeps (crate::forwards); stops with
+    // the Deliveries' consumer.
+    let (fwd_config, fwd_pool, fwd_sender, fwd_metrics, fwd_stop) = (config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), shutdown.clone());
+    jobs.spawn(async move {
+        if let Err(e) = forwards::serve(fwd_config, fwd_pool, fwd_sender, fwd_metrics, fwd_stop).await {
+            tracing::error!(error = %error::chain(&e), "the Forwards consumer stopped");
+        }
+    });
     let result = consume(&config, &topic, runner, shutdown.clone()).await;
     background.cancel();
     while jobs.join_next().await.is_some() {}
@@ -333,13 +342,17 @@ async fn scheduler_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
     loop {
         let mut full = false;
         match pool.get().await {
-            Ok(client) => match lifecycle::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT, reannounce_after_s).await {
-                Ok(n) => {
-                    metrics.scheduled.inc_by(n as u64);
-                    full = n as i64 == SCHEDULE_BATCH;
+            Ok(client) => {
+                match lifecycle::schedule_due(&**client, SCHEDULE_BATCH, SCHEDULE_PER_ENDPOINT, SCHEDULE_PER_PROJECT, reannounce_after_s).await {
+                    Ok(n) => {
+                        metrics.scheduled.inc_by(n as u64);
+                        full = n as i64 == SCHEDULE_BATCH;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "retry scheduler failed"),
                 }
-                Err(e) => tracing::warn!(error = %e, "retry scheduler failed"),
-            },
+                // Due Forwards too (crate::forwards).
+                full |= forwards::schedule(&client, &config, &metrics).await;
+            }
             Err(e) => tracing::warn!(error = %e, "retry scheduler: no connection"),
         }
         if full && !shutdown.is_cancelled() {

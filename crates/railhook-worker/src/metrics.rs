@@ -46,6 +46,8 @@ pub struct WorkerMetrics {
     pub finalise_batch_size: Histogram,
     pub queue_depth: IntGauge,
     pub oldest_pending_age: prometheus::Gauge,
+    /// The incoming direction's Attempts (`crate::forwards`).
+    pub forwards: crate::forwards::ForwardMetrics,
 }
 
 impl Default for WorkerMetrics {
@@ -96,6 +98,7 @@ impl WorkerMetrics {
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
+            forwards: crate::forwards::ForwardMetrics::new(),
         }
     }
 
@@ -124,6 +127,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;
         registry.register(Box::new(self.oldest_pending_age.clone()))?;
+        self.forwards.register(registry)?;
         Ok(())
     }
 

@@ -21,6 +21,16 @@
 //! | PENDING (past the hard cap) | FAILED | the sweep | [`schedule::sweep`] |
 //! | PENDING (unclaimed) | PENDING, announced | the relay, after it created a slot | [`schedule::reannounce_pending`] |
 //! | FAILED | PENDING, announced | a person: manual and bulk retry | [`manual::retry`], [`manual::retry_many`] |
+//! | (none) | PENDING, announced | Forwards: the ingress, one per enabled Destination | `incoming::INGRESS_SQL` |
+//! | (none) | PENDING, announced | Forwards: a replay of an Incoming Event (a new Forward) | [`forward::replay`] |
+//! | PENDING | PROCESSING | Forwards: the worker's claim (fenced like Deliveries) | [`forward::claim_batch`] |
+//! | PENDING | PENDING, due later | Forwards: a Deferral (disabled Destination 60 s, its rate 1 s) | [`forward::claim_batch`] |
+//! | PROCESSING | SUCCESS / FAILED / PENDING (due) | Forwards: the finalise, only while the Claim holds | [`forward::finalise_batch`] |
+//! | PROCESSING | PENDING, due now | Forwards: a Claim given back unsent | [`forward::release`] |
+//! | PENDING (due) | PENDING, tokened and announced | Forwards: the retry scheduler | [`forward::schedule_due`] |
+//! | PROCESSING (stuck) / PENDING (stranded) | PENDING, announced | Forwards: the sweeps | [`forward::sweep`] |
+//! | PENDING (past 24 h) | FAILED | Forwards: the hard-cap sweep | [`schedule::sweep`] |
+//! | FAILED | PENDING, announced | Forwards: manual and bulk retry | [`forward::retry`], [`forward::retry_many`] |
 //!
 //! SUCCESS is final. Every write on a claimed row is conditional on its `claim_token` (the
 //! fence); every write on an unclaimed row is conditional on the state it read.
@@ -36,6 +46,7 @@
 
 pub mod claim;
 pub mod finalise;
+pub mod forward;
 pub mod manual;
 pub mod schedule;
 
