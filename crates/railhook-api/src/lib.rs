@@ -103,8 +103,10 @@ fn v1(state: AppState) -> Router {
 pub fn app(state: AppState) -> Router {
     let ops = Ops::new(state.metrics.clone(), vec![("postgres", postgres_check(state.pool.clone()))]);
     let ingress = ingress::router(&state);
+    let ui = railhook_ui::router(railhook_ui::UiState::new(state.config.clone(), state.pool.clone()));
     v1(state)
         .merge(ingress)
+        .nest("/ui", ui)
         .merge(railhook_telemetry::ops_router(ops))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {

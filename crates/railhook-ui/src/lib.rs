@@ -1,0 +1,90 @@
+//! The web dashboard at `/ui` on the API's port: server-rendered HTML (maud), one CSS and
+//! one small script embedded in the binary, no CDN. `railhook-api` mounts [`router`].
+//!
+//! Security contract, kept by [`security_headers`] and [`session`]:
+//! - the credential (a project API key or the operator token) lives only in an HttpOnly,
+//!   SameSite=Strict cookie scoped to `/ui`, `Secure` behind TLS;
+//! - every form carries a CSRF token derived from that credential, checked on every POST;
+//! - `Content-Security-Policy` allows scripts and styles from `/ui/assets` only, no inline
+//!   script or style, no framing;
+//! - every value that reaches HTML is escaped by maud; nothing is rendered with
+//!   `PreEscaped` except the output of maud itself.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use railhook_config::Config;
+use railhook_store::Pool;
+
+mod assets;
+mod deliveries;
+mod endpoints;
+mod error;
+mod failed;
+mod form;
+mod overview;
+mod page;
+mod projects;
+mod query;
+pub mod session;
+
+/// What every page can reach: the API's configuration and pool.
+#[derive(Clone)]
+pub struct UiState {
+    pub config: Arc<Config>,
+    pub pool: Pool,
+}
+
+impl UiState {
+    pub fn new(config: Arc<Config>, pool: Pool) -> UiState {
+        UiState { config, pool }
+    }
+}
+
+/// Forms are small: a few ids and a token.
+const MAX_FORM_BYTES: usize = 64 * 1024;
+
+/// The dashboard's routes, relative to where it is nested (`/ui`).
+pub fn router(state: UiState) -> Router {
+    Router::new()
+        .route("/", get(overview::page))
+        .route("/sign-in", get(session::sign_in_page).post(session::sign_in))
+        .route("/sign-out", post(session::sign_out))
+        .route("/projects", get(projects::page))
+        .route("/projects/select", post(projects::select))
+        .route("/deliveries", get(deliveries::list))
+        .route("/deliveries/{id}", get(deliveries::detail))
+        .route("/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/failed-messages", get(failed::list))
+        .route("/failed-messages/retry", post(failed::retry))
+        .route("/endpoints", get(endpoints::list))
+        .route("/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/assets/{name}", get(assets::serve))
+        .fallback(error::not_found)
+        .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
+        .layer(axum::middleware::from_fn(security_headers))
+        .with_state(state)
+}
+
+/// The policy: scripts and styles from our own origin only (the embedded assets), nothing
+/// inline, no framing, forms post only to us.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Adds the security headers to every response of the dashboard, and `no-store` to every
+/// page (they show a project's data; the embedded assets set their own caching).
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    response
+}

@@ -1,0 +1,254 @@
+//! The dashboard's own SQL: only what `railhook-store` has no function for (the overview's
+//! aggregates, Endpoint health, the Deliveries list by event type, the operator's project
+//! list). Each statement is bounded (a LIMIT on the rows it reads, and the overview runs
+//! under a statement timeout) and follows an index named beside it.
+
+use chrono::{DateTime, Utc};
+use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, ProjectId};
+use tokio_postgres::GenericClient;
+
+use crate::error::{UiError, UiResult};
+
+/// How many of the newest rows of the last hour the overview reads at most; beyond that a
+/// rate is measured over the time those rows span.
+pub const SAMPLE: i64 = 100_000;
+
+/// What the overview shows, over the last hour.
+#[derive(Debug, Default)]
+pub struct Overview {
+    /// Events per second.
+    pub ingest_per_second: Option<f64>,
+    pub events_counted: i64,
+    /// Of the Deliveries created in the last hour that ended, the share delivered.
+    pub success_rate: Option<f64>,
+    pub ended: i64,
+    /// Event created to delivered, of those delivered: median and 99th percentile, ms.
+    pub e2e_p50_ms: Option<f64>,
+    pub e2e_p99_ms: Option<f64>,
+    pub oldest_pending: Option<DateTime<Utc>>,
+    pub failed_last_hour: i64,
+}
+
+/// Events of the last hour, newest first (`events_project_created_idx`).
+const INGEST_SQL: &str = "
+SELECT count(*), min(created_at) FROM (
+    SELECT created_at FROM events
+    WHERE project_id = $1 AND created_at >= now() - interval '1 hour'
+    ORDER BY created_at DESC LIMIT $2
+) newest";
+
+/// Deliveries created in the last hour, newest first (`deliveries_project_idx`).
+const OUTCOME_SQL: &str = "
+SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FILTER (WHERE status = 'FAILED'),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY e2e_ms) FILTER (WHERE status = 'SUCCESS'),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY e2e_ms) FILTER (WHERE status = 'SUCCESS')
+FROM (
+    SELECT status, extract(epoch FROM completed_at - created_at)::float8 * 1000 AS e2e_ms FROM deliveries
+    WHERE project_id = $1 AND created_at >= now() - interval '1 hour'
+    ORDER BY created_at DESC LIMIT $2
+) newest";
+
+/// The PENDING set is what `deliveries_due_idx` (partial, `WHERE status = 'PENDING'`) holds.
+const OLDEST_PENDING_SQL: &str = "SELECT min(created_at) FROM deliveries WHERE status = 'PENDING' AND project_id = $1";
+
+/// `deliveries_failed_idx (project_id, completed_at) WHERE status = 'FAILED'`.
+const FAILED_SQL: &str = "
+SELECT count(*) FROM (
+    SELECT 1 FROM deliveries
+    WHERE project_id = $1 AND status = 'FAILED' AND completed_at >= now() - interval '1 hour'
+    LIMIT $2
+) f";
+
+/// Reads the overview in one read-only transaction under a 3 s statement timeout, so a
+/// large project slows the page, never the database.
+pub async fn overview(client: &mut deadpool_postgres::Client, project: ProjectId) -> UiResult<Overview> {
+    let tx = client.build_transaction().read_only(true).start().await?;
+    tx.batch_execute("SET LOCAL statement_timeout = '3s'").await?;
+    let ingest = tx.query_one(INGEST_SQL, &[&project.0, &SAMPLE]).await?;
+    let outcome = tx.query_one(OUTCOME_SQL, &[&project.0, &SAMPLE]).await?;
+    let oldest = tx.query_one(OLDEST_PENDING_SQL, &[&project.0]).await?;
+    let failed = tx.query_one(FAILED_SQL, &[&project.0, &SAMPLE]).await?;
+    tx.commit().await?;
+    let events: i64 = ingest.get(0);
+    let (success, failures): (i64, i64) = (outcome.get(0), outcome.get(1));
+    Ok(Overview {
+        ingest_per_second: rate(events, ingest.get(1)),
+        events_counted: events,
+        success_rate: (success + failures > 0).then(|| success as f64 / (success + failures) as f64),
+        ended: success + failures,
+        e2e_p50_ms: outcome.get(2),
+        e2e_p99_ms: outcome.get(3),
+        oldest_pending: oldest.get(0),
+        failed_last_hour: failed.get(0),
+    })
+}
+
+/// Per second over the hour, or over the span of the sample when the sample was full.
+fn rate(count: i64, oldest: Option<DateTime<Utc>>) -> Option<f64> {
+    if count < SAMPLE {
+        return Some(count as f64 / 3600.0);
+    }
+    let span = (Utc::now() - oldest?).num_milliseconds() as f64 / 1000.0;
+    (span > 0.0).then(|| count as f64 / span)
+}
+
+/// An Endpoint's health, beside what `railhook_store::endpoints` says about it.
+#[derive(Debug, Clone)]
+pub struct EndpointHealth {
+    /// `closed`, `open` or `half_open`; `closed` when it never had an Attempt.
+    pub circuit: String,
+    pub opened_at: Option<DateTime<Utc>>,
+    /// The circuit's current window.
+    pub window_successes: i32,
+    pub window_failures: i32,
+    /// Deliveries being attempted right now (its concurrency in use).
+    pub in_flight: i64,
+    pub failed_last_hour: i64,
+}
+
+/// Health of the listed Endpoints of the project: the circuit row (primary key), PROCESSING
+/// count (`deliveries_processing_endpoint_idx`), FAILED in the last hour
+/// (`deliveries_failed_idx`, bounded).
+const HEALTH_SQL: &str = "
+SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0), coalesce(c.failures, 0),
+       (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = e.id AND d.status = 'PROCESSING'),
+       (SELECT count(*) FROM (SELECT 1 FROM deliveries d
+            WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
+              AND d.endpoint_id = e.id LIMIT 10000) f)
+FROM endpoints e LEFT JOIN endpoint_circuits c ON c.endpoint_id = e.id
+WHERE e.project_id = $1 AND e.id = ANY($2::uuid[])";
+
+pub async fn endpoint_health(
+    db: &impl GenericClient,
+    project: ProjectId,
+    ids: &[EndpointId],
+) -> UiResult<std::collections::HashMap<EndpointId, EndpointHealth>> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
+    let rows = db.query(HEALTH_SQL, &[&project.0, &ids]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let health = EndpointHealth {
+                circuit: r.get(1),
+                opened_at: r.get(2),
+                window_successes: r.get(3),
+                window_failures: r.get(4),
+                in_flight: r.get(5),
+                failed_last_hour: r.get(6),
+            };
+            (EndpointId(r.get(0)), health)
+        })
+        .collect())
+}
+
+/// A Delivery as the list shows it.
+#[derive(Debug, Clone)]
+pub struct DeliveryRow {
+    pub id: DeliveryId,
+    pub event_type: String,
+    pub endpoint_id: EndpointId,
+    pub status: DeliveryStatus,
+    pub attempt_count: i32,
+    pub max_attempts: i32,
+    pub created_at: DateTime<Utc>,
+    pub next_retry_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+}
+
+impl From<railhook_store::deliveries::Delivery> for DeliveryRow {
+    fn from(d: railhook_store::deliveries::Delivery) -> DeliveryRow {
+        DeliveryRow {
+            id: d.id,
+            event_type: d.event_type,
+            endpoint_id: d.endpoint_id,
+            status: d.status,
+            attempt_count: d.attempt_count,
+            max_attempts: d.max_attempts,
+            created_at: d.created_at,
+            next_retry_at: d.next_retry_at,
+            last_error: d.last_error,
+        }
+    }
+}
+
+/// The Deliveries list filtered by an exact event type, which the store's list has no
+/// parameter for: the project's Events of that type (`events_project_type_idx`), their
+/// Deliveries (`deliveries_event_idx`), in id order after the cursor, `limit` at most.
+const BY_TYPE_SQL: &str = "
+SELECT d.id, e.event_type, d.endpoint_id, d.status::text, d.attempt_count, d.max_attempts, d.created_at,
+       d.next_retry_at, d.last_error
+FROM events e JOIN deliveries d ON d.event_id = e.id
+WHERE e.project_id = $1 AND e.event_type = $2 AND d.project_id = $1
+  AND ($3::text IS NULL OR d.status = $3::text::delivery_status)
+  AND ($4::uuid IS NULL OR d.endpoint_id = $4)
+  AND ($5::timestamptz IS NULL OR d.created_at >= $5)
+  AND ($6::timestamptz IS NULL OR d.created_at < $6)
+  AND ($7::uuid IS NULL OR d.id > $7)
+ORDER BY d.id LIMIT $8";
+
+pub struct ByType<'a> {
+    pub event_type: &'a str,
+    pub filter: &'a railhook_store::deliveries::DeliveryFilter,
+}
+
+pub async fn deliveries_by_type(db: &impl GenericClient, project: ProjectId, q: ByType<'_>) -> UiResult<Vec<DeliveryRow>> {
+    let f = q.filter;
+    let rows = db
+        .query(
+            BY_TYPE_SQL,
+            &[
+                &project.0,
+                &q.event_type,
+                &f.status.map(DeliveryStatus::as_sql),
+                &f.endpoint_id.map(|e| e.0),
+                &f.created_after,
+                &f.created_before,
+                &f.after.map(|a| a.0),
+                &f.limit,
+            ],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let status: &str = r.get(3);
+            Ok(DeliveryRow {
+                id: DeliveryId(r.get(0)),
+                event_type: r.get(1),
+                endpoint_id: EndpointId(r.get(2)),
+                status: status.parse().map_err(|_| UiError::Internal)?,
+                attempt_count: r.get(4),
+                max_attempts: r.get(5),
+                created_at: r.get(6),
+                next_retry_at: r.get(7),
+                last_error: r.get(8),
+            })
+        })
+        .collect()
+}
+
+/// A project, as the operator's list shows it.
+pub struct ProjectRow {
+    pub id: ProjectId,
+    pub name: String,
+    pub organization: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Every project in id order after the cursor (primary key), with its organization's name.
+const PROJECTS_SQL: &str = "
+SELECT p.id, p.name, o.name, p.created_at
+FROM projects p JOIN organizations o ON o.id = p.organization_id
+WHERE ($1::uuid IS NULL OR p.id > $1)
+ORDER BY p.id LIMIT $2";
+
+pub async fn projects(db: &impl GenericClient, after: Option<ProjectId>, limit: i64) -> UiResult<Vec<ProjectRow>> {
+    let rows = db.query(PROJECTS_SQL, &[&after.map(|a| a.0), &limit]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| ProjectRow { id: ProjectId(r.get(0)), name: r.get(1), organization: r.get(2), created_at: r.get(3) })
+        .collect())
+}
+
+pub async fn project_exists(db: &impl GenericClient, id: ProjectId) -> UiResult<bool> {
+    Ok(db.query_opt("SELECT 1 FROM projects WHERE id = $1", &[&id.0]).await?.is_some())
+}
