@@ -106,7 +106,7 @@ pub fn app(state: AppState) -> Router {
     let ui = railhook_ui::router(railhook_ui::UiState::new(state.config.clone(), state.pool.clone()));
     v1(state)
         .merge(ingress)
-        .nest("/ui", ui)
+        .merge(ui)
         .merge(railhook_telemetry::ops_router(ops))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {

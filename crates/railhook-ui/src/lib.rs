@@ -1,5 +1,5 @@
 //! The web dashboard at `/ui` on the API's port: server-rendered HTML (maud), one CSS and
-//! one small script embedded in the binary, no CDN. `railhook-api` mounts [`router`].
+//! one small script embedded in the binary, no CDN. `railhook-api` merges [`router`].
 //!
 //! Security contract, kept by [`security_headers`] and [`session`]:
 //! - the credential (a project API key or the operator token) lives only in an HttpOnly,
@@ -16,7 +16,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use railhook_config::Config;
 use railhook_store::Pool;
@@ -49,23 +49,25 @@ impl UiState {
 /// Forms are small: a few ids and a token.
 const MAX_FORM_BYTES: usize = 64 * 1024;
 
-/// The dashboard's routes, relative to where it is nested (`/ui`).
+/// The dashboard's routes, at `/ui` (merged into the API's router, so `/ui` and `/ui/` both
+/// reach the overview and an unknown `/ui/...` gets an HTML 404, not the API's JSON one).
 pub fn router(state: UiState) -> Router {
     Router::new()
-        .route("/", get(overview::page))
-        .route("/sign-in", get(session::sign_in_page).post(session::sign_in))
-        .route("/sign-out", post(session::sign_out))
-        .route("/projects", get(projects::page))
-        .route("/projects/select", post(projects::select))
-        .route("/deliveries", get(deliveries::list))
-        .route("/deliveries/{id}", get(deliveries::detail))
-        .route("/deliveries/{id}/retry", post(deliveries::retry))
-        .route("/failed-messages", get(failed::list))
-        .route("/failed-messages/retry", post(failed::retry))
-        .route("/endpoints", get(endpoints::list))
-        .route("/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
-        .route("/assets/{name}", get(assets::serve))
-        .fallback(error::not_found)
+        .route("/ui", get(overview::page))
+        .route("/ui/", get(overview::page))
+        .route("/ui/sign-in", get(session::sign_in_page).post(session::sign_in))
+        .route("/ui/sign-out", post(session::sign_out))
+        .route("/ui/projects", get(projects::page))
+        .route("/ui/projects/select", post(projects::select))
+        .route("/ui/deliveries", get(deliveries::list))
+        .route("/ui/deliveries/{id}", get(deliveries::detail))
+        .route("/ui/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/ui/failed-messages", get(failed::list))
+        .route("/ui/failed-messages/retry", post(failed::retry))
+        .route("/ui/endpoints", get(endpoints::list))
+        .route("/ui/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/ui/assets/{name}", get(assets::serve))
+        .route("/ui/{*rest}", any(error::not_found))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(axum::middleware::from_fn(security_headers))
         .with_state(state)
