@@ -20,6 +20,7 @@ pub mod endpoints;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod forwards;
 pub mod incoming;
 pub mod ingress;
 pub mod openapi;
@@ -90,6 +91,10 @@ fn v1(state: AppState) -> Router {
         )
         .route("/v1/incoming-events", get(incoming::list))
         .route("/v1/incoming-events/{id}", get(incoming::get))
+        .route("/v1/incoming-events/{id}/replay", post(forwards::replay))
+        .route("/v1/forwards/{id}/retry", post(forwards::retry))
+        .route("/v1/failed-forwards", get(forwards::failed))
+        .route("/v1/failed-forwards/retry", post(forwards::retry_failed))
         .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .layer(axum::middleware::from_fn({

@@ -48,6 +48,10 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("patch", "/v1/sources/{id}/destinations/{destination_id}", "200 400 401 404 413 415 422 503"),
     ("get", "/v1/incoming-events", "200 400 401 503"),
     ("get", "/v1/incoming-events/{id}", "200 400 401 404 503"),
+    ("post", "/v1/incoming-events/{id}/replay", "202 400 401 404 409 413 415 422 503"),
+    ("post", "/v1/forwards/{id}/retry", "202 400 401 404 409 413 415 422 503"),
+    ("get", "/v1/failed-forwards", "200 400 401 503"),
+    ("post", "/v1/failed-forwards/retry", "202 400 401 413 415 422 503"),
     ("post", "/ingress/{token}", "200 202 401 404 410 413 429 503"),
 ];
 
@@ -97,7 +101,7 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
         assert!(code != "route_not_found" && code != "method_not_allowed", "{method} {path} is documented but not routed");
     }
     let schemas = doc["components"]["schemas"].as_object().unwrap();
-    for name in ["CreateEvent", "Event", "DeliverySummary", "ErrorBody", "CreateNamed", "ProjectCreated", "NewApiKey", "Delivery", "Attempt", "FailedMessage", "RetryDelivery", "BulkRetry", "BulkRetried", "SkippedDelivery", "Source", "CreateSource", "Destination", "DestinationAuthInput", "IncomingEvent", "Forward", "IngressAccepted"] {
+    for name in ["CreateEvent", "Event", "DeliverySummary", "ErrorBody", "CreateNamed", "ProjectCreated", "NewApiKey", "Delivery", "Attempt", "FailedMessage", "RetryDelivery", "BulkRetry", "BulkRetried", "SkippedDelivery", "Source", "CreateSource", "Destination", "DestinationAuthInput", "IncomingEvent", "Forward", "IngressAccepted", "ForwardSummary", "RetryForward", "BulkForwardRetry", "BulkForwardRetried", "SkippedForward", "ReplayIncomingEvent", "Replayed"] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     assert_eq!(doc["components"]["schemas"]["CreateEvent"]["required"], serde_json::json!(["type", "payload"]));

@@ -452,56 +452,82 @@ fn store_offset(consumer: &StreamConsumer, topic: &str, tracker: &mut OffsetTrac
     }
 }
 
+/// The consume loop's state.
+struct Consuming<'a> {
+    consumer: &'a StreamConsumer,
+    topic: String,
+    tracker: OffsetTracker,
+    forwarder: Arc<Forwarder>,
+    permits: Arc<Semaphore>,
+    done_tx: tokio::sync::mpsc::UnboundedSender<(i32, i64)>,
+    tasks: JoinSet<()>,
+    hard_stop: CancellationToken,
+}
+
+impl Consuming<'_> {
+    fn done(&mut self, partition: i32, offset: i64) {
+        store_offset(self.consumer, &self.topic, &mut self.tracker, partition, offset);
+    }
+
+    /// A message: a task for its Forward, under a permit (the loop reads only with one free).
+    fn message(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
+        let (partition, offset) = (m.partition(), m.offset());
+        self.tracker.started(partition, offset);
+        let Some((id, hint)) = parse_hint(m.key().unwrap_or_default(), m.payload().unwrap_or_default()) else {
+            self.forwarder.metrics.bad_messages.inc();
+            self.done(partition, offset);
+            return;
+        };
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            // Not reached: the loop reads only while a permit is free. Read again after a restart.
+            return;
+        };
+        let (f, done, stop) = (self.forwarder.clone(), self.done_tx.clone(), self.hard_stop.clone());
+        self.tasks.spawn(async move {
+            let notify = move || {
+                let _ = done.send((partition, offset));
+            };
+            if let Err(e) = f.run(id, hint, notify, &stop).await {
+                tracing::warn!(error = %error::chain(&e), forward = %id, "forward announcement failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
 /// Consumes the forwards topic until `shutdown`, then drains: Attempts in flight get
 /// `worker.shutdown_grace_ms`, then their Claims are given back; offsets are committed.
 pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let consumer = subscribe(&config)?;
-    let topic = config.forwards_topic();
-    let max = config.worker.max_in_flight;
-    let permits = Arc::new(Semaphore::new(max));
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(i32, i64)>();
-    let mut tracker = OffsetTracker::default();
-    let mut tasks = JoinSet::new();
-    let hard_stop = CancellationToken::new();
-    tracing::info!(%topic, "worker consuming Forwards");
+    let mut c = Consuming {
+        consumer: &consumer,
+        topic: config.forwards_topic(),
+        tracker: OffsetTracker::default(),
+        forwarder,
+        permits: Arc::new(Semaphore::new(config.worker.max_in_flight)),
+        done_tx,
+        tasks: JoinSet::new(),
+        hard_stop: CancellationToken::new(),
+    };
+    tracing::info!(topic = %c.topic, "worker consuming Forwards");
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some((p, o)) = done_rx.recv() => store_offset(&consumer, &topic, &mut tracker, p, o),
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            permit = permits.clone().acquire_owned() => {
-                let Ok(permit) = permit else { break };
-                let message = tokio::select! {
-                    m = consumer.recv() => m,
-                    _ = shutdown.cancelled() => break,
-                };
-                let m = match message {
-                    Ok(m) => m,
-                    Err(e) => { tracing::warn!(error = %e, "Kafka consumer error (Forwards)"); continue }
-                };
-                let (partition, offset) = (m.partition(), m.offset());
-                tracker.started(partition, offset);
-                let Some((id, hint)) = parse_hint(m.key().unwrap_or_default(), m.payload().unwrap_or_default()) else {
-                    forwarder.metrics.bad_messages.inc();
-                    store_offset(&consumer, &topic, &mut tracker, partition, offset);
-                    continue;
-                };
-                let (f, done, stop) = (forwarder.clone(), done_tx.clone(), hard_stop.clone());
-                tasks.spawn(async move {
-                    let notify = move || { let _ = done.send((partition, offset)); };
-                    if let Err(e) = f.run(id, hint, notify, &stop).await {
-                        tracing::warn!(error = %error::chain(&e), forward = %id, "forward announcement failed");
-                    }
-                    drop(permit);
-                });
-            }
+            Some((p, o)) = done_rx.recv() => c.done(p, o),
+            Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
+            message = consumer.recv(), if c.permits.available_permits() > 0 => match message {
+                Ok(m) => c.message(&m),
+                Err(e) => tracing::warn!(error = %e, "Kafka consumer error (Forwards)"),
+            },
         }
     }
-    drain(&config, &mut tasks, &hard_stop).await;
+    drain(&config, &mut c.tasks, &c.hard_stop).await;
     while let Ok((p, o)) = done_rx.try_recv() {
-        store_offset(&consumer, &topic, &mut tracker, p, o);
+        c.done(p, o);
     }
+    drop(c);
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
         tracing::warn!(error = %e, "final Forwards offset commit failed");
     }

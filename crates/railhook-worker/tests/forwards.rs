@@ -10,6 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use railhook_config::Config;
+use tokio_util::sync::CancellationToken;
+
 use common::*;
 use railhook_core::{DestinationId, ForwardId, IncomingEventId, ProjectId, SourceId};
 use railhook_store::incoming::{self, NewIncomingEvent, Received, StoredHeader};
@@ -133,5 +136,220 @@ async fn forwards_carry_the_exact_request_the_allow_listed_headers_and_each_auth
     }
     let attempts = sys.worker.metrics.forwards.attempts.with_label_values(&["success", "2xx"]).get();
     assert_eq!(attempts, 5);
+    sys.stop().await;
+}
+
+/// Which Forwards reached the receiver with a 2xx answer, by Idempotency-Key.
+fn keys(receiver: &Receiver) -> std::collections::HashMap<String, usize> {
+    let mut seen = std::collections::HashMap::new();
+    for hit in receiver.hits.lock().unwrap().iter() {
+        if let Some(key) = header(hit, "idempotency-key") {
+            *seen.entry(key.to_string()).or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+/// A receiver on a fixed address (for a Destination that comes up later).
+async fn receiver_at(addr: std::net::SocketAddr) -> Receiver {
+    let receiver = Receiver { hits: Arc::default(), poison: Arc::default(), script: Arc::new(|_, _| Act::Status(200)), concurrency: Arc::default() };
+    let app = axum::Router::new().route("/{*path}", axum::routing::post(common::receive)).with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    receiver
+}
+
+#[tokio::test]
+async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
+    // A port nobody listens on for the outage: connection refused, retried on the ladder.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // The incoming ladder shortened by configuration (10 s waits, 31 Attempts: at least
+    // 150 s of retries, longer than the outage).
+    let sys = System::start(|c| c.worker.incoming_retry_delays_seconds = vec![10; 30]).await;
+    let (project, src) = source(&sys.pool).await;
+    for path in ["a", "b"] {
+        destination(&sys.pool, project, src, &format!("http://{addr}/{path}"), DestinationAuth::None).await;
+    }
+    let started = Instant::now();
+    let mut forwards = Vec::new();
+    let mut bodies = Vec::new();
+    for n in 0..20 {
+        let body = format!("{{\"n\": {n}}}");
+        forwards.extend(ingress(&sys.pool, project, src, &[("X-GitHub-Event", b"push")], body.as_bytes(), Some("application/json")).await.1);
+        bodies.push(body);
+    }
+    eventually(Duration::from_secs(60), "every Forward to have failed once", || async {
+        let failed: i64 = sys.client.query_one("SELECT count(*) FROM forwards WHERE attempt_count >= 1 AND status = 'PENDING'", &[]).await.unwrap().get(0);
+        (failed == 40).then_some(())
+    })
+    .await;
+    tokio::time::sleep_until((started + Duration::from_secs(120)).into()).await;
+    let receiver = receiver_at(addr).await;
+    let up = Instant::now();
+    for (id, _) in &forwards {
+        wait_forward(&sys.client, *id, "SUCCESS", Duration::from_secs(90)).await;
+    }
+    let caught_up = up.elapsed();
+    let seen = keys(&receiver);
+    for (id, _) in &forwards {
+        assert!(seen.contains_key(&id.to_string()), "{id} arrived");
+    }
+    for path in ["/a", "/b"] {
+        let mut got: Vec<String> = receiver.hits(path).iter().map(|h| String::from_utf8(h.body.clone()).unwrap()).collect();
+        got.sort();
+        got.dedup();
+        let mut want = bodies.clone();
+        want.sort();
+        assert_eq!(got, want, "{path}: every body");
+    }
+    let attempts: i64 = sys.client.query_one("SELECT count(*) FROM attempts WHERE forward_id IS NOT NULL", &[]).await.unwrap().get(0);
+    let last = sys
+        .client
+        .query(
+            "SELECT f.id::text, a.attempt_number, a.started_at::text, a.result, a.duration_ms FROM attempts a JOIN forwards f ON f.id = a.forward_id
+             WHERE f.id = (SELECT forward_id FROM attempts WHERE forward_id IS NOT NULL ORDER BY started_at DESC LIMIT 1) ORDER BY a.attempt_number",
+            &[],
+        )
+        .await
+        .unwrap();
+    for r in &last {
+        println!("slowest: {} #{} {} {} {} ms", r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, String>(2), r.get::<_, String>(3), r.get::<_, i32>(4));
+    }
+    println!("outage: 40 Forwards, {attempts} Attempts, {} arrivals, all delivered {caught_up:?} after the Destination came up", receiver.all_hits());
+    sys.stop().await;
+}
+
+const CHILD_CONFIG: &str = "RAILHOOK_FORWARDS_TEST_CHILD_CONFIG";
+
+/// Not a test: the worker process `a_worker_killed_with_sigkill_loses_no_forward` starts
+/// (this test binary run again with only this function and its configuration).
+#[tokio::test]
+#[ignore = "a worker process started by a_worker_killed_with_sigkill_loses_no_forward"]
+async fn worker_process() {
+    let Ok(text) = std::env::var(CHILD_CONFIG) else { return };
+    let config: Config = serde_json::from_str(&text).unwrap();
+    railhook_worker::run(Arc::new(config), railhook_worker::WorkerMetrics::new(), CancellationToken::new()).await.unwrap();
+}
+
+fn worker_process_start(config: &Config) -> tokio::process::Child {
+    tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "worker_process", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_CONFIG, serde_json::to_string(config).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_killed_with_sigkill_loses_no_forward() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(300), 200)).await;
+    let mut sys = System::start(|c| c.worker.processing_timeout_seconds = 5).await;
+    // The in-process worker leaves: the worker here is a process of its own.
+    std::mem::replace(&mut sys.worker, Worker::start_paused()).stop().await;
+    let (project, src) = source(&sys.pool).await;
+    for path in ["a", "b"] {
+        destination(&sys.pool, project, src, &format!("{base}/{path}"), DestinationAuth::None).await;
+    }
+    let mut forwards = Vec::new();
+    for n in 0..40 {
+        forwards.extend(ingress(&sys.pool, project, src, &[], format!("before {n}").as_bytes(), None).await.1);
+    }
+    let mut child = worker_process_start(&sys.config);
+    eventually(Duration::from_secs(60), "Forwards in flight", || async { (receiver.all_hits() >= 10).then_some(()) }).await;
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let processing: i64 = sys.client.query_one("SELECT count(*) FROM forwards WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
+    let done: i64 = sys.client.query_one("SELECT count(*) FROM forwards WHERE status = 'SUCCESS'", &[]).await.unwrap().get(0);
+    // More arrive while no worker runs.
+    for n in 0..20 {
+        forwards.extend(ingress(&sys.pool, project, src, &[], format!("after {n}").as_bytes(), None).await.1);
+    }
+    let mut child = worker_process_start(&sys.config);
+    for (id, _) in &forwards {
+        wait_forward(&sys.client, *id, "SUCCESS", Duration::from_secs(180)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    let seen = keys(&receiver);
+    for (id, _) in &forwards {
+        assert!(seen.contains_key(&id.to_string()), "{id} arrived");
+    }
+    let duplicates: usize = seen.values().map(|n| n - 1).sum();
+    println!("kill -9: {} Forwards, {processing} PROCESSING and {done} SUCCESS at the kill, {} arrivals, {duplicates} duplicates", forwards.len(), receiver.all_hits());
+    assert!(processing > 0, "the kill hit Forwards in flight");
+    sys.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_forward_is_retried_and_an_incoming_event_replayed() {
+    // First request to /flaky: 400 (failed at once); then 200. /down: always 400.
+    let (receiver, base) = Receiver::start(|path, n| if path == "/down" || n == 0 { Act::Status(400) } else { Act::Status(200) }).await;
+    let sys = System::start(|_| {}).await;
+    let (project, src) = source(&sys.pool).await;
+    let flaky = destination(&sys.pool, project, src, &format!("{base}/flaky"), DestinationAuth::None).await;
+    let (ine, forwards) = ingress(&sys.pool, project, src, &[], b"one", Some("text/plain")).await;
+    let first = forwards[0].0;
+    assert_eq!(wait_forward(&sys.client, first, "FAILED", Duration::from_secs(30)).await, 1);
+    let client = sys.pool.get().await.unwrap();
+    let retried = forward::retry(&**client, project, first, 1).await.unwrap();
+    assert!(matches!(retried, ForwardRetryOutcome::Retried(ref f) if f.status == railhook_core::DeliveryStatus::Pending && f.max_attempts == 2));
+    assert!(matches!(forward::retry(&**client, project, first, 1).await.unwrap(), ForwardRetryOutcome::NotFailed(_)));
+    assert_eq!(wait_forward(&sys.client, first, "SUCCESS", Duration::from_secs(30)).await, 2);
+    let hits = receiver.hits("/flaky");
+    assert_eq!(hits.iter().map(|h| header(h, "x-forward-attempt").unwrap()).collect::<Vec<_>>(), ["1", "2"]);
+    assert_eq!(header(&hits[0], "idempotency-key"), header(&hits[1], "idempotency-key"), "stable across Attempts");
+
+    // The replay: a new Forward (new Idempotency-Key) to the same Destination.
+    let ReplayOutcome::Replayed(replayed) = forward::replay(&**client, project, ine, Some(flaky)).await.unwrap() else { panic!("not replayed") };
+    assert_eq!(replayed.len(), 1);
+    assert_ne!(replayed[0].id, first);
+    wait_forward(&sys.client, replayed[0].id, "SUCCESS", Duration::from_secs(30)).await;
+    let hits = receiver.hits("/flaky");
+    assert_eq!(hits.len(), 3);
+    assert_eq!(header(&hits[2], "idempotency-key"), Some(replayed[0].id.to_string().as_str()));
+    assert_eq!(hits[2].body, b"one");
+    assert!(matches!(forward::replay(&**client, project, ine, Some(DestinationId::new())).await.unwrap(), ReplayOutcome::DestinationNotFound));
+    assert!(matches!(forward::replay(&**client, ProjectId::new(), ine, None).await.unwrap(), ReplayOutcome::NotFound));
+
+    // Bulk retry by filter, then a disabled Destination defers without spending an Attempt.
+    let down = destination(&sys.pool, project, src, &format!("{base}/down"), DestinationAuth::None).await;
+    let (_, more) = ingress(&sys.pool, project, src, &[], b"two", None).await;
+    let to_down = more.iter().find(|(_, d)| *d == down).unwrap().0;
+    wait_forward(&sys.client, to_down, "FAILED", Duration::from_secs(30)).await;
+    let filter = forward::FailedForwardFilter { destination_id: Some(down), ..Default::default() };
+    assert_eq!(forward::list_failed(&**client, project, &filter, None, 10).await.unwrap().iter().map(|f| f.id).collect::<Vec<_>>(), [to_down]);
+    sys.client.execute("UPDATE destinations SET enabled = false WHERE id = $1", &[&down.0]).await.unwrap();
+    let bulk = forward::retry_many(&**client, project, ForwardSelection::Filter(&filter, 100), 1).await.unwrap();
+    assert_eq!(bulk.retried, [to_down]);
+    let deferred = &sys.worker.metrics.forwards.claims;
+    eventually(Duration::from_secs(30), "the disabled Destination's Deferral", || async { (deferred.with_label_values(&["destination_disabled"]).get() == 1).then_some(()) }).await;
+    assert_eq!(forward_status(&sys.client, to_down).await, ("PENDING".to_string(), 1), "no Attempt spent");
+    let by_id = forward::retry_many(&**client, project, ForwardSelection::Ids(&[to_down, first, ForwardId::new()]), 1).await.unwrap();
+    assert!(by_id.retried.is_empty());
+    assert_eq!(by_id.skipped.len(), 3);
+    sys.stop().await;
+}
+
+#[tokio::test]
+async fn a_destination_rate_limit_spreads_its_forwards() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
+    let sys = System::start(|_| {}).await;
+    let (project, src) = source(&sys.pool).await;
+    let client = sys.pool.get().await.unwrap();
+    let new = NewDestination { url: &format!("{base}/limited"), auth: &DestinationAuth::None, enabled: true, rate_limit_per_second: Some(2) };
+    sources::create_destination(&**client, project, src, new).await.unwrap().unwrap();
+    let mut forwards = Vec::new();
+    for n in 0..8 {
+        forwards.extend(ingress(&sys.pool, project, src, &[], format!("{n}").as_bytes(), None).await.1);
+    }
+    for (id, _) in &forwards {
+        wait_forward(&sys.client, *id, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let hits = receiver.hits("/limited");
+    assert_eq!(hits.len(), 8);
+    let span = hits.last().unwrap().at - hits[0].at;
+    // 8 at 2 per second: at least 3 windows after the first.
+    assert!(span >= Duration::from_millis(2500), "8 Forwards at 2/s took {span:?}");
+    assert!(sys.worker.metrics.forwards.claims.with_label_values(&["destination_rate"]).get() > 0);
     sys.stop().await;
 }
