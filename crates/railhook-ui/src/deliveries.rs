@@ -9,7 +9,7 @@ use maud::{html, Markup};
 use railhook_core::pattern::EventType;
 use railhook_core::{AttemptId, DeliveryId, DeliveryStatus, EndpointId};
 use railhook_store::deliveries::{self, Attempt, Delivery, DeliveryFilter, RetryOutcome};
-use railhook_store::events;
+use railhook_store::{endpoints, events};
 use serde::Deserialize;
 
 use crate::error::{UiError, UiResult};
@@ -191,6 +191,7 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, Path(id): Path
     let attempts = deliveries::list_attempts(&**client, project, id, after, ATTEMPTS_LIMIT + 1).await?.unwrap_or_default();
     let (attempts, next) = paginate(attempts, ATTEMPTS_LIMIT, |a| a.id.to_string());
     let event = events::get_event(&client, project, delivery.event_id).await?;
+    let endpoint = endpoints::get_endpoint(&**client, project, delivery.endpoint_id).await?;
     let body = html! {
         div data-refresh-seconds=[(!delivery.status.is_terminal()).then_some("3")] {
             h1 { "Delivery " code { (delivery.id) } }
@@ -198,7 +199,7 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, Path(id): Path
             (facts(&delivery))
             @if delivery.status == DeliveryStatus::Failed { (retry_form(&viewer, delivery.id)) }
             h2 { "Request" }
-            (request(&delivery, event.as_ref().and_then(|e| e.payload.as_ref())))
+            (request(&delivery, endpoint.as_ref().map(|e| e.url.as_str()), event.as_ref().and_then(|e| e.payload.as_ref())))
             h2 { "Attempts" }
             @if attempts.is_empty() { p { "No Attempt yet." } }
             @for a in &attempts { (attempt(a)) }
@@ -236,11 +237,11 @@ fn retry_form(viewer: &Viewer, id: DeliveryId) -> Markup {
 
 /// What every Attempt sends: the Event's payload with the Standard Webhooks headers (the
 /// timestamp and signature are fresh per Attempt).
-fn request(d: &Delivery, payload: Option<&serde_json::Value>) -> Markup {
+fn request(d: &Delivery, url: Option<&str>, payload: Option<&serde_json::Value>) -> Markup {
     let body = payload.map(|p| serde_json::to_string_pretty(p).unwrap_or_else(|_| p.to_string()));
     html! {
         pre aria-label="Request headers" {
-            "POST <Endpoint URL>\ncontent-type: application/json\nwebhook-id: " (d.id)
+            "POST " (url.unwrap_or("<Endpoint URL>")) "\ncontent-type: application/json\nwebhook-id: " (d.id)
             "\nwebhook-timestamp: <per Attempt>\nwebhook-signature: v1,<per Attempt>\nx-event-id: " (d.event_id)
             @if let Some(n) = d.sequence_number { "\nx-sequence-number: " (n) }
         }

@@ -25,7 +25,7 @@ pub async fn page(viewer: Viewer, State(state): State<UiState>) -> UiResult<Html
             (card("Delivery success rate", percent(o.success_rate), &format!("of {} Deliveries that ended", o.ended)))
             (card("End-to-end latency p50", millis(o.e2e_p50_ms), "Event accepted to delivered"))
             (card("End-to-end latency p99", millis(o.e2e_p99_ms), "Event accepted to delivered"))
-            (card("Oldest pending", age(&o), "a Delivery still waiting"))
+            (card("Oldest pending", age(&o), if o.oldest_pending.is_some() { "the longest-waiting Delivery" } else { "no Delivery is waiting" }))
             (card("Failed Messages", o.failed_last_hour.to_string(), "abandoned in the last hour"))
         }
         p { a href="/ui/failed-messages" { "See the Failed Messages" } " · " a href="/ui/endpoints" { "See Endpoint health" } }
@@ -43,8 +43,14 @@ fn card(label: &str, value: String, hint: &str) -> Markup {
     }
 }
 
+/// Per second, or per minute while under one a second (a quiet project reads 0.08/min,
+/// not 0.00/s).
 fn per_second(v: Option<f64>) -> String {
-    v.map(|r| format!("{r:.2}/s")).unwrap_or_else(|| "—".into())
+    match v {
+        Some(r) if r >= 1.0 => format!("{r:.1}/s"),
+        Some(r) => format!("{:.2}/min", r * 60.0),
+        None => "—".into(),
+    }
 }
 
 fn percent(v: Option<f64>) -> String {

@@ -1,0 +1,251 @@
+//! The dashboard's router against a real Postgres (a database per test), request by
+//! request: sign-in and its cookies, CSRF, precise 4xx for bad input (never a 500),
+//! escaping, tenancy and the operator's project list. The browser flows are in tests/ui/.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use railhook_core::{DeliveryId, ProjectId};
+use railhook_store::endpoints::{self, NewEndpoint};
+use railhook_store::tenancy;
+use railhook_testkit::{test_config, TestDb};
+use railhook_ui::{router, UiState};
+use tower::ServiceExt;
+
+struct Page {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+struct Ui {
+    app: Router,
+    operator: String,
+    _db: TestDb,
+    pool: railhook_store::Pool,
+}
+
+impl Ui {
+    async fn new() -> Ui {
+        let db = TestDb::new().await;
+        let config = test_config(&db);
+        let operator = config.api.admin_token.clone();
+        let pool = railhook_store::build_pool(&config.database).expect("pool");
+        let app = router(UiState::new(Arc::new(config), pool.clone()));
+        Ui { app, operator, _db: db, pool }
+    }
+
+    async fn send(&self, request: Request<Body>) -> Page {
+        let response = self.app.clone().oneshot(request).await.expect("infallible");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.expect("body");
+        Page { status, headers, body: String::from_utf8_lossy(&bytes).into_owned() }
+    }
+
+    async fn get(&self, path: &str, cookie: &str) -> Page {
+        self.send(Request::get(path).header(header::COOKIE, cookie).body(Body::empty()).unwrap()).await
+    }
+
+    async fn post(&self, path: &str, cookie: &str, form: &str) -> Page {
+        let request = Request::post(path)
+            .header(header::COOKIE, cookie)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form.to_string()))
+            .unwrap();
+        self.send(request).await
+    }
+
+    /// A project with an API key; the key.
+    async fn project(&self, name: &str) -> (ProjectId, String) {
+        let client = self.pool.get().await.unwrap();
+        let org = tenancy::create_organization(&**client, "Acme").await.unwrap();
+        let project = tenancy::create_project(&**client, org.id, name).await.unwrap().unwrap();
+        let key = tenancy::create_api_key(&**client, project.id, "ui").await.unwrap().unwrap();
+        (project.id, key.secret)
+    }
+
+    /// Signs in through the form; the session cookie pair ("rh_session=...").
+    async fn sign_in(&self, credential: &str) -> String {
+        let form = self.get("/ui/sign-in", "").await;
+        let token = set_cookie(&form, "rh_signin");
+        let body = format!("csrf={token}&credential={}", urlencode(credential));
+        let signed = self.post("/ui/sign-in", &format!("rh_signin={token}"), &body).await;
+        assert_eq!(signed.status, StatusCode::SEE_OTHER, "{}", signed.body);
+        format!("rh_session={}", set_cookie(&signed, "rh_session"))
+    }
+
+    /// The CSRF token of the session's forms.
+    async fn csrf(&self, cookie: &str) -> String {
+        csrf_of(&self.get("/ui/endpoints", cookie).await)
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The CSRF token in the page's first form.
+fn csrf_of(page: &Page) -> String {
+    let at = page.body.find("name=\"csrf\" value=\"").expect("a form with a token") + 19;
+    page.body[at..].split('"').next().unwrap().to_string()
+}
+
+/// The value a response sets for cookie `name`.
+fn set_cookie(page: &Page, name: &str) -> String {
+    page.headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix(&format!("{name}=")).map(|rest| rest.split(';').next().unwrap_or("").to_string()))
+        .unwrap_or_else(|| panic!("no Set-Cookie for {name}"))
+}
+
+#[tokio::test]
+async fn signed_out_pages_send_to_sign_in_and_every_response_carries_the_policy() {
+    let ui = Ui::new().await;
+    for path in ["/ui", "/ui/", "/ui/deliveries", "/ui/failed-messages", "/ui/endpoints", "/ui/projects"] {
+        let page = ui.get(path, "").await;
+        assert_eq!(page.status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(page.headers[header::LOCATION], "/ui/sign-in", "{path}");
+    }
+    let page = ui.get("/ui/sign-in", "").await;
+    assert_eq!(page.status, StatusCode::OK);
+    let csp = page.headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(!page.body.contains("<script>"), "no inline script");
+    let cookie = page.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let css = ui.get("/ui/assets/ui.css", "").await;
+    assert_eq!((css.status, css.headers[header::CONTENT_TYPE].to_str().unwrap()), (StatusCode::OK, "text/css; charset=utf-8"));
+    assert_eq!(ui.get("/ui/assets/nope.js", "").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(ui.get("/ui/no-such-page", "").await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn sign_in_checks_its_token_and_the_credential() {
+    let ui = Ui::new().await;
+    let (_, key) = ui.project("Shop").await;
+    let form = ui.get("/ui/sign-in", "").await;
+    let token = set_cookie(&form, "rh_signin");
+    let cookie = format!("rh_signin={token}");
+    let forged = ui.post("/ui/sign-in", &cookie, &format!("csrf=other&credential={key}")).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let wrong = ui.post("/ui/sign-in", &cookie, &format!("csrf={token}&credential=rhk_nope")).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("not valid"));
+    let empty = ui.post("/ui/sign-in", &cookie, &format!("csrf={token}&credential=")).await;
+    assert_eq!(empty.status, StatusCode::BAD_REQUEST);
+    let session = ui.sign_in(&key).await;
+    let overview = ui.get("/ui/", &session).await;
+    assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
+    assert!(overview.body.contains("Failed Messages"));
+    // A cookie that is not a session is no session.
+    assert_eq!(ui.get("/ui/", "rh_session=%%%").await.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn bad_input_is_a_precise_4xx_never_a_500() {
+    let ui = Ui::new().await;
+    let (_, key) = ui.project("Shop").await;
+    let session = ui.sign_in(&key).await;
+    let csrf = ui.csrf(&session).await;
+    let gets = [
+        ("/ui/deliveries/not-an-id", StatusCode::BAD_REQUEST),
+        (&format!("/ui/deliveries/{}", DeliveryId::new()) as &str, StatusCode::NOT_FOUND),
+        ("/ui/deliveries?status=BOGUS", StatusCode::BAD_REQUEST),
+        ("/ui/deliveries?endpoint_id=evt_x", StatusCode::BAD_REQUEST),
+        ("/ui/deliveries?event_type=a..b", StatusCode::BAD_REQUEST),
+        ("/ui/deliveries?created_after=2026-01-02T00:00&created_before=2026-01-01T00:00", StatusCode::BAD_REQUEST),
+        ("/ui/deliveries?created_after=yesterday", StatusCode::BAD_REQUEST),
+        ("/ui/deliveries?cursor=zzz", StatusCode::BAD_REQUEST),
+        ("/ui/failed-messages?cursor=dlv_zzz", StatusCode::BAD_REQUEST),
+        ("/ui/endpoints?cursor=%FF", StatusCode::BAD_REQUEST),
+        ("/ui/projects", StatusCode::FORBIDDEN),
+    ];
+    for (path, expected) in gets {
+        let page = ui.get(path, &session).await;
+        assert_eq!(page.status, expected, "{path}: {}", page.body);
+    }
+    let posts = [
+        ("/ui/failed-messages/retry", "scope=matching".to_string(), StatusCode::FORBIDDEN),
+        ("/ui/failed-messages/retry", format!("csrf={csrf}&scope=selected"), StatusCode::BAD_REQUEST),
+        ("/ui/failed-messages/retry", format!("csrf={csrf}&scope=selected&id=nope"), StatusCode::BAD_REQUEST),
+        ("/ui/failed-messages/retry", format!("csrf={csrf}&scope=whatever"), StatusCode::BAD_REQUEST),
+        (&format!("/ui/deliveries/{}/retry", DeliveryId::new()) as &str, format!("csrf={csrf}"), StatusCode::NOT_FOUND),
+        ("/ui/endpoints/ep_x/rotate-secret", format!("csrf={csrf}"), StatusCode::BAD_REQUEST),
+    ];
+    for (path, form, expected) in posts {
+        let page = ui.post(path, &session, &form).await;
+        assert_eq!(page.status, expected, "{path} {form}: {}", page.body);
+    }
+    let json = Request::post("/ui/sign-out").header(header::COOKIE, &session).header(header::CONTENT_TYPE, "application/json").body(Body::from("{}")).unwrap();
+    assert_eq!(ui.send(json).await.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let retried = ui.post("/ui/failed-messages/retry", &session, &format!("csrf={csrf}&scope=matching")).await;
+    assert_eq!(retried.status, StatusCode::SEE_OTHER, "an empty bulk retry is fine: {}", retried.body);
+}
+
+#[tokio::test]
+async fn what_customers_wrote_is_escaped_and_other_projects_stay_hidden() {
+    let ui = Ui::new().await;
+    let (project, key) = ui.project("Shop").await;
+    let (_, other_key) = ui.project("Other").await;
+    let client = ui.pool.get().await.unwrap();
+    let headers = Default::default();
+    let endpoint = endpoints::create_endpoint(
+        &**client,
+        project,
+        NewEndpoint {
+            url: "http://127.0.0.1:9/hook",
+            description: "<script>alert(1)</script>",
+            enabled: true,
+            rate_limit_per_second: None,
+            headers: &headers,
+            secret: railhook_core::EndpointSecret::generate().as_str(),
+        },
+    )
+    .await
+    .unwrap();
+    let mine = ui.sign_in(&key).await;
+    let page = ui.get("/ui/endpoints", &mine).await;
+    assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{}", page.body);
+    assert!(!page.body.contains("<script>alert"));
+    let theirs = ui.sign_in(&other_key).await;
+    let page = ui.get("/ui/endpoints", &theirs).await;
+    assert!(!page.body.contains(&endpoint.id.to_string()), "another project's Endpoint is not listed");
+    let csrf = ui.csrf(&theirs).await;
+    let rotate = ui.post(&format!("/ui/endpoints/{}/rotate-secret", endpoint.id), &theirs, &format!("csrf={csrf}")).await;
+    assert_eq!(rotate.status, StatusCode::NOT_FOUND);
+    // The owner's token does not work in the other session.
+    let mine_csrf = ui.csrf(&mine).await;
+    let forged = ui.post(&format!("/ui/endpoints/{}/rotate-secret", endpoint.id), &theirs, &format!("csrf={mine_csrf}")).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn the_operator_lists_every_project_and_chooses_one() {
+    let ui = Ui::new().await;
+    let (project, _) = ui.project("Shop").await;
+    let session = ui.sign_in(&ui.operator).await;
+    let overview = ui.get("/ui/", &session).await;
+    assert_eq!(overview.status, StatusCode::SEE_OTHER);
+    assert_eq!(overview.headers[header::LOCATION], "/ui/projects");
+    let list = ui.get("/ui/projects", &session).await;
+    assert!(list.body.contains(&project.to_string()) && list.body.contains("Shop"));
+    let csrf = csrf_of(&list);
+    let missing = ui.post("/ui/projects/select", &session, &format!("csrf={csrf}&project={}", ProjectId::new())).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let chosen = ui.post("/ui/projects/select", &session, &format!("csrf={csrf}&project={project}")).await;
+    assert_eq!(chosen.status, StatusCode::SEE_OTHER);
+    let choice = format!("{session}; rh_project={}", set_cookie(&chosen, "rh_project"));
+    let overview = ui.get("/ui/", &choice).await;
+    assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
+    assert!(overview.body.contains(&project.to_string()));
+}
