@@ -147,6 +147,10 @@ async fn sign_in_checks_its_token_and_the_credential() {
     let overview = ui.get("/ui/", &session).await;
     assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
     assert!(overview.body.contains("Failed Messages"));
+    // Behind a proxy that ended TLS the cookies are Secure.
+    let tls = Request::get("/ui/sign-in").header("x-forwarded-proto", "https").body(Body::empty()).unwrap();
+    let tls = ui.send(tls).await;
+    assert!(tls.headers[header::SET_COOKIE].to_str().unwrap().ends_with("; Secure"));
     // A cookie that is not a session is no session.
     assert_eq!(ui.get("/ui/", "rh_session=%%%").await.status, StatusCode::SEE_OTHER);
 }
@@ -248,4 +252,33 @@ async fn the_operator_lists_every_project_and_chooses_one() {
     let overview = ui.get("/ui/", &choice).await;
     assert_eq!(overview.status, StatusCode::OK, "{}", overview.body);
     assert!(overview.body.contains(&project.to_string()));
+}
+
+#[tokio::test]
+async fn lists_are_cursor_paginated() {
+    let ui = Ui::new().await;
+    let (project, key) = ui.project("Shop").await;
+    let client = ui.pool.get().await.unwrap();
+    let headers = Default::default();
+    let secret = railhook_core::EndpointSecret::generate();
+    let mut ids = Vec::new();
+    for i in 0..51 {
+        let new = NewEndpoint {
+            url: "http://127.0.0.1:9/hook",
+            description: &format!("endpoint {i}"),
+            enabled: true,
+            rate_limit_per_second: None,
+            headers: &headers,
+            secret: secret.as_str(),
+        };
+        ids.push(endpoints::create_endpoint(&**client, project, new).await.unwrap().id);
+    }
+    let session = ui.sign_in(&key).await;
+    let first = ui.get("/ui/endpoints", &session).await;
+    assert_eq!(first.body.matches("data-endpoint=").count(), 50);
+    let next = format!("/ui/endpoints?cursor={}", ids[49]);
+    assert!(first.body.contains(&format!("href=\"{next}\"")), "a next link after the 50th");
+    let second = ui.get(&next, &session).await;
+    assert_eq!(second.body.matches("data-endpoint=").count(), 1);
+    assert!(second.body.contains(&ids[50].to_string()) && !second.body.contains("rel=\"next\""));
 }
