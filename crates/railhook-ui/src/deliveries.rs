@@ -143,7 +143,18 @@ fn filter_form(f: &Filters) -> Markup {
             div { label for="created_before" { "Created before (UTC)" } input #created_before type="datetime-local" name="created_before" value=(f.created_before); }
             div { button type="submit" { "Filter" } }
         }
+        p.hint {
+            "Oldest first, like every list. Recent ones: "
+            a href=(since(chrono::Duration::hours(1))) { "the last hour" } ", "
+            a href=(since(chrono::Duration::hours(24))) { "the last 24 hours" } "."
+        }
     }
+}
+
+/// The list of what was created since `ago`.
+fn since(ago: chrono::Duration) -> String {
+    let from = (Utc::now() - ago).format("%Y-%m-%dT%H:%M").to_string();
+    format!("/ui/deliveries?{}", query_string(&[("created_after", &from)]))
 }
 
 fn table(rows: &[DeliveryRow]) -> Markup {

@@ -25,8 +25,8 @@ pub async fn page(viewer: Viewer, State(state): State<UiState>) -> UiResult<Html
             (card("Delivery success rate", percent(o.success_rate), &format!("of {} Deliveries that ended", o.ended)))
             (card("End-to-end latency p50", millis(o.e2e_p50_ms), "Event accepted to delivered"))
             (card("End-to-end latency p99", millis(o.e2e_p99_ms), "Event accepted to delivered"))
-            (card("Oldest pending", age(&o), if o.oldest_pending.is_some() { "the longest-waiting Delivery" } else { "no Delivery is waiting" }))
-            (card("Failed Messages", o.failed_last_hour.to_string(), "abandoned in the last hour"))
+            (card("Oldest pending", age(&o), if matches!(o.oldest_pending, Some(None)) { "no Delivery is waiting" } else { "the longest-waiting Delivery" }))
+            (card("Failed Messages", o.failed_last_hour.map_or("—".into(), |n| n.to_string()), "abandoned in the last hour"))
         }
         p { a href="/ui/failed-messages" { "See the Failed Messages" } " · " a href="/ui/endpoints" { "See Endpoint health" } }
     };
@@ -66,7 +66,11 @@ fn millis(v: Option<f64>) -> String {
 }
 
 fn age(o: &Overview) -> String {
-    let Some(t) = o.oldest_pending else { return "none".into() };
+    let t = match o.oldest_pending {
+        None => return "—".into(),
+        Some(None) => return "none".into(),
+        Some(Some(t)) => t,
+    };
     let s = (Utc::now() - t).num_seconds().max(0);
     match s {
         0..=119 => format!("{s} s"),

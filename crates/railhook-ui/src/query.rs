@@ -25,8 +25,11 @@ pub struct Overview {
     /// Event created to delivered, of those delivered: median and 99th percentile, ms.
     pub e2e_p50_ms: Option<f64>,
     pub e2e_p99_ms: Option<f64>,
-    pub oldest_pending: Option<DateTime<Utc>>,
-    pub failed_last_hour: i64,
+    /// The oldest PENDING Delivery's creation (inner `None`: none is pending); outer `None`
+    /// when the query took longer than its timeout.
+    pub oldest_pending: Option<Option<DateTime<Utc>>>,
+    /// `None` when the count took longer than its timeout.
+    pub failed_last_hour: Option<i64>,
 }
 
 /// Events of the last hour, newest first (`events_project_created_idx`).
@@ -59,28 +62,54 @@ SELECT count(*) FROM (
     LIMIT $2
 ) f";
 
-/// Reads the overview in one read-only transaction under a 3 s statement timeout, so a
-/// large project slows the page, never the database.
+/// Reads the overview in one read-only transaction, each figure under a 3 s statement
+/// timeout: a large project slows the page, never the database, and a figure that took
+/// too long is shown as unknown while the others still are.
 pub async fn overview(client: &mut deadpool_postgres::Client, project: ProjectId) -> UiResult<Overview> {
-    let tx = client.build_transaction().read_only(true).start().await?;
+    let mut tx = client.build_transaction().read_only(true).start().await?;
     tx.batch_execute("SET LOCAL statement_timeout = '3s'").await?;
-    let ingest = tx.query_one(INGEST_SQL, &[&project.0, &SAMPLE]).await?;
-    let outcome = tx.query_one(OUTCOME_SQL, &[&project.0, &SAMPLE]).await?;
-    let oldest = tx.query_one(OLDEST_PENDING_SQL, &[&project.0]).await?;
-    let failed = tx.query_one(FAILED_SQL, &[&project.0, &SAMPLE]).await?;
+    let ingest = bounded(&mut tx, INGEST_SQL, &[&project.0, &SAMPLE]).await?;
+    let outcome = bounded(&mut tx, OUTCOME_SQL, &[&project.0, &SAMPLE]).await?;
+    let oldest = bounded(&mut tx, OLDEST_PENDING_SQL, &[&project.0]).await?;
+    let failed = bounded(&mut tx, FAILED_SQL, &[&project.0, &SAMPLE]).await?;
     tx.commit().await?;
-    let events: i64 = ingest.get(0);
-    let (success, failures): (i64, i64) = (outcome.get(0), outcome.get(1));
-    Ok(Overview {
-        ingest_per_second: rate(events, ingest.get(1)),
-        events_counted: events,
-        success_rate: (success + failures > 0).then(|| success as f64 / (success + failures) as f64),
-        ended: success + failures,
-        e2e_p50_ms: outcome.get(2),
-        e2e_p99_ms: outcome.get(3),
-        oldest_pending: oldest.get(0),
-        failed_last_hour: failed.get(0),
-    })
+    let mut o = Overview::default();
+    if let Some(r) = ingest {
+        o.events_counted = r.get(0);
+        o.ingest_per_second = rate(o.events_counted, r.get(1));
+    }
+    if let Some(r) = outcome {
+        let (success, failures): (i64, i64) = (r.get(0), r.get(1));
+        o.ended = success + failures;
+        o.success_rate = (o.ended > 0).then(|| success as f64 / o.ended as f64);
+        o.e2e_p50_ms = r.get(2);
+        o.e2e_p99_ms = r.get(3);
+    }
+    o.oldest_pending = oldest.map(|r| r.get(0));
+    o.failed_last_hour = failed.map(|r| r.get(0));
+    Ok(o)
+}
+
+/// One figure's statement inside a savepoint: `None` when it hit the statement timeout
+/// (SQLSTATE 57014), which rolls back only the savepoint; any other error is an error.
+async fn bounded(
+    tx: &mut deadpool_postgres::Transaction<'_>,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> UiResult<Option<tokio_postgres::Row>> {
+    let savepoint = tx.savepoint("figure").await?;
+    match savepoint.query_one(sql, params).await {
+        Ok(row) => {
+            savepoint.commit().await?;
+            Ok(Some(row))
+        }
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
+            tracing::warn!(error = %e, "ui: an overview figure took longer than its statement timeout");
+            savepoint.rollback().await?;
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Per second over the hour, or over the span of the sample when the sample was full.
@@ -251,4 +280,30 @@ pub async fn projects(db: &impl GenericClient, after: Option<ProjectId>, limit: 
 
 pub async fn project_exists(db: &impl GenericClient, id: ProjectId) -> UiResult<bool> {
     Ok(db.query_opt("SELECT 1 FROM projects WHERE id = $1", &[&id.0]).await?.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_figure_over_its_timeout_is_unknown_and_the_others_still_run() {
+        let db = railhook_testkit::TestDb::new().await;
+        let config = railhook_testkit::test_config(&db);
+        let pool = railhook_store::build_pool(&config.database).expect("pool");
+        let mut client = pool.get().await.expect("connection");
+        let mut tx = client.build_transaction().read_only(true).start().await.expect("begin");
+        tx.batch_execute("SET LOCAL statement_timeout = '100ms'").await.expect("timeout");
+        assert!(bounded(&mut tx, "SELECT pg_sleep(2)", &[]).await.expect("no error").is_none());
+        let row = bounded(&mut tx, "SELECT 41 + 1", &[]).await.expect("no error").expect("a row");
+        assert_eq!(row.get::<_, i32>(0), 42);
+        assert!(bounded(&mut tx, "SELECT no_such_column", &[]).await.is_err(), "other errors stay errors");
+    }
+
+    #[test]
+    fn rates_over_the_hour_or_over_a_full_sample() {
+        assert_eq!(rate(36, None), Some(0.01));
+        let r = rate(SAMPLE, Some(Utc::now() - chrono::Duration::seconds(100))).expect("a rate");
+        assert!((900.0..=1000.0).contains(&r), "{r}");
+    }
 }
