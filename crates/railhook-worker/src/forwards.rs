@@ -528,8 +528,10 @@ pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: Cance
         c.done(p, o);
     }
     drop(c);
-    if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-        tracing::warn!(error = %e, "final Forwards offset commit failed");
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        // Nothing consumed since the last commit.
+        Ok(()) | Err(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => tracing::warn!(error = %e, "final Forwards offset commit failed"),
     }
     tokio::task::spawn_blocking(move || drop(consumer)).await.ok();
     Ok(())

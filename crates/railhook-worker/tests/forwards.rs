@@ -190,6 +190,9 @@ async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
         wait_forward(&sys.client, *id, "SUCCESS", Duration::from_secs(90)).await;
     }
     let caught_up = up.elapsed();
+    // At most one wait of the ladder (15 s jittered) after the Destination came up: no
+    // announcement was lost to the retry scheduler's 30 s re-announcement.
+    assert!(caught_up < Duration::from_secs(25), "caught up after {caught_up:?}");
     let seen = keys(&receiver);
     for (id, _) in &forwards {
         assert!(seen.contains_key(&id.to_string()), "{id} arrived");
@@ -215,6 +218,9 @@ async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
     for r in &last {
         println!("slowest: {} #{} {} {} {} ms", r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, String>(2), r.get::<_, String>(3), r.get::<_, i32>(4));
     }
+    let claims = &sys.worker.metrics.forwards.claims;
+    let outcomes: Vec<(&str, u64)> = ["claimed", "nothing", "missing"].iter().map(|o| (*o, claims.with_label_values(&[o]).get())).collect();
+    println!("claims: {outcomes:?}");
     println!("outage: 40 Forwards, {attempts} Attempts, {} arrivals, all delivered {caught_up:?} after the Destination came up", receiver.all_hits());
     sys.stop().await;
 }
@@ -351,5 +357,37 @@ async fn a_destination_rate_limit_spreads_its_forwards() {
     // 8 at 2 per second: at least 3 windows after the first.
     assert!(span >= Duration::from_millis(2500), "8 Forwards at 2/s took {span:?}");
     assert!(sys.worker.metrics.forwards.claims.with_label_values(&["destination_rate"]).get() > 0);
+    sys.stop().await;
+}
+
+#[tokio::test]
+async fn a_5xx_is_retried_on_the_ladder_with_the_same_idempotency_key() {
+    let (receiver, base) = Receiver::start(|_, n| if n < 2 { Act::Status(500) } else { Act::Status(200) }).await;
+    let sys = System::start(|c| c.worker.incoming_retry_delays_seconds = vec![1, 1]).await;
+    let (project, src) = source(&sys.pool).await;
+    destination(&sys.pool, project, src, &format!("{base}/flaky"), DestinationAuth::StandardWebhooks { secret: SECRET.into() }).await;
+    let (_, forwards) = ingress(&sys.pool, project, src, &[], b"{}", Some("application/json")).await;
+    assert_eq!(wait_forward(&sys.client, forwards[0].0, "SUCCESS", Duration::from_secs(30)).await, 3);
+    let hits = receiver.hits("/flaky");
+    assert_eq!(hits.iter().map(|h| header(h, "x-forward-attempt").unwrap()).collect::<Vec<_>>(), ["1", "2", "3"]);
+    for pair in hits.windows(2) {
+        // The ladder's 1 s jittered to 0.5-1.5 s, plus the scheduler's interval.
+        let gap = pair[1].at - pair[0].at;
+        assert!(gap >= Duration::from_millis(450) && gap < Duration::from_millis(3000), "gap {gap:?}");
+        assert_eq!(header(&pair[0], "idempotency-key"), header(&pair[1], "idempotency-key"));
+        assert_eq!(header(&pair[0], "webhook-id"), header(&pair[1], "webhook-id"), "webhook-id stable across Attempts");
+    }
+    for hit in &hits {
+        assert!(verifies(SECRET, &hit.headers, &hit.body));
+    }
+    let results: Vec<(i32, Option<i32>)> = sys
+        .client
+        .query("SELECT attempt_number, status_code FROM attempts WHERE forward_id = $1 ORDER BY attempt_number", &[&forwards[0].0 .0])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(results, [(1, Some(500)), (2, Some(500)), (3, Some(200))]);
     sys.stop().await;
 }

@@ -75,8 +75,12 @@ pub enum ForwardClaimResult {
     Claimed(Box<ClaimedForward>),
     /// Done, not due, or owned by another token (duplicate windows 4 and 5).
     Nothing,
-    /// No such Forward in the claim's snapshot: its commit may not be visible yet (a hint can
-    /// overtake its own commit, see `claim::ClaimResult::Missing`), or it was deleted.
+    /// Not in the claim's snapshot as the hint announced it: no such Forward, or (a hint of
+    /// the retry scheduler) a PENDING Forward without the scheduler's token. The commit that
+    /// wrote it may not be visible yet (a hint can overtake its own commit, see
+    /// `claim::ClaimResult::Missing`; on the retry path that left such a hint claiming nothing
+    /// until the scheduler announced again, 30 s later), or the Forward was deleted, or swept
+    /// (then announced again). The worker claims again shortly, a few times.
     Missing,
     Deferred(ForwardDeferral),
 }
@@ -91,7 +95,9 @@ WITH want AS (
     SELECT w.id, w.token, w.hint, w.idx
     FROM unnest($1::uuid[], $2::uuid[], $3::uuid[]) WITH ORDINALITY AS w (id, token, hint, idx)
 ), cand AS (
-    SELECT w.idx, w.id, w.token, w.hint, f.id IS NULL AS missing, f.destination_id, d.enabled, d.rate_limit_per_second AS rate,
+    SELECT w.idx, w.id, w.token, w.hint, f.destination_id, d.enabled, d.rate_limit_per_second AS rate,
+           -- Not visible yet: no row, or (retry path) the scheduler's token not yet on it.
+           f.id IS NULL OR (w.hint IS NOT NULL AND f.status = 'PENDING' AND f.claim_token IS NULL) AS missing,
            coalesce(f.status = 'PENDING' AND (f.next_retry_at IS NULL OR f.next_retry_at <= now())
                     AND f.claim_token IS NOT DISTINCT FROM w.hint, false) AS eligible
     FROM want w LEFT JOIN forwards f ON f.id = w.id LEFT JOIN destinations d ON d.id = f.destination_id
