@@ -4,9 +4,10 @@
 //!
 //! `relay_latency` (commit to visible in Kafka, CDC relay vs the polling relay) and
 //! `relay_throughput` (catching up a backlog, CDC relay vs `pg_recvlogical`) run the relay in
-//! process; `ingest` (the API vs `pgbench` of its statement), `e2e` (POST to the receiver's
-//! arrival vs the load generator driving the receiver directly) and `memory` (peak RSS during
-//! e2e) run the `railhook` binary's api, relay and worker as separate processes. e2e ends with
+//! process; `ingest` (the API vs `pgbench` of its statement), `ingress` (`POST /ingress/{token}`
+//! vs the ingest's rate of the same invocation, which it runs first unless it already ran),
+//! `e2e` (POST to the receiver's arrival vs the load generator driving the receiver directly)
+//! and `memory` (peak RSS during e2e) run the `railhook` binary's api, relay and worker as separate processes. e2e ends with
 //! the phases on a clean database each (`hot_endpoint`, `fanout_10`), which can also be named
 //! alone: then only they run, and the report's `e2e` holds only their figures.
 
@@ -18,12 +19,13 @@ use anyhow::{bail, Context};
 mod e2e;
 mod http;
 mod ingest;
+mod ingress;
 mod load;
 mod procs;
 mod relay;
 mod stack;
 
-const BENCHMARKS: [&str; 5] = ["relay_latency", "relay_throughput", "ingest", "e2e", "memory"];
+const BENCHMARKS: [&str; 6] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -82,8 +84,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  hot_endpoint, fanout_10: only these e2e phases, each on a clean database (hot_endpoint: one Endpoint, 10,000 events");
                 println!("    as fast as accepted, then 700 events/s for 20 s; fanout_10: ten Endpoints, 3,000 events, 30,000 Deliveries)");
                 println!("  --rate, --rows: relay_latency's commit rate and relay_throughput's backlog");
-                println!("  --duration: relay_latency, ingest and the fixed-rate e2e runs (default 30)");
-                println!("  --connections: ingest's HTTP connections (default 32)");
+                println!("  ingress: POST /ingress/{{token}} at saturation, then at half of it; ingest runs first for the ratio unless named before it");
+                println!("  --duration: relay_latency, ingest, each ingress phase and the fixed-rate e2e runs (default 30)");
+                println!("  --connections: ingest's and ingress's HTTP connections (default 32)");
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
@@ -110,7 +113,12 @@ async fn main() -> anyhow::Result<()> {
         match name.as_str() {
             "relay_latency" => results.push(relay::relay_latency(&args).await?),
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
-            "ingest" => results.push(ingest::ingest(&args).await?),
+            // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
+            "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),
+            "ingress" => {
+                let ingest = results.iter().find(|r| r["name"] == "ingest").cloned();
+                results.extend(ingress::ingress(&args, ingest.as_ref()).await?);
+            }
             // memory is measured during e2e: either name runs e2e once and reports both.
             "e2e" | "memory" if !e2e_done => {
                 let (e2e, memory) = e2e::e2e(&args, &clean).await?;
@@ -137,6 +145,10 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)? + "\n")?;
     println!("wrote {}", args.out);
     Ok(())
+}
+
+fn ran(results: &[serde_json::Value], name: &str) -> bool {
+    results.iter().any(|r| r["name"] == name)
 }
 
 fn git_commit() -> String {
