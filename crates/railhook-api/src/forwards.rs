@@ -47,7 +47,7 @@ fn parse_time(raw: &str) -> Option<DateTime<Utc>> {
 }
 
 /// A query parameter: 400 `invalid_query` naming it.
-fn bad_query(field: &str, message: impl Into<String>) -> ApiError {
+fn bad_query(field: &str, message: String) -> ApiError {
     ApiError::bad_request("invalid_query", message).with_field(field)
 }
 
@@ -68,12 +68,11 @@ where
     raw.map(|s| s.parse::<T>().map_err(|e| bad_query(field, format!("{field}: {e}")))).transpose()
 }
 
+/// A checked time range `[after, before)`.
+type Range = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
 /// A time range `[after, before)`, each checked; `error` makes the 4xx of the named field.
-fn range(
-    after: (&str, Option<&str>),
-    before: (&str, Option<&str>),
-    error: fn(&str, String) -> ApiError,
-) -> Result<(Option<DateTime<Utc>>, Option<DateTime<Utc>>), ApiError> {
+fn range(after: (&str, Option<&str>), before: (&str, Option<&str>), error: fn(&str, String) -> ApiError) -> Result<Range, ApiError> {
     let time = |(field, raw): (&str, Option<&str>)| raw.map(|s| parse_time(s).ok_or_else(|| error(field, format!("{field} must be {TIME_HINT}")))).transpose();
     let (a, b) = (time(after)?, time(before)?);
     if matches!((a, b), (Some(a), Some(b)) if b <= a) {
@@ -151,7 +150,7 @@ pub async fn failed(
     let paging = PageParams { limit: q.limit, cursor: q.cursor };
     let limit = paging.limit()?;
     let (completed_after, completed_before) =
-        range(("completed_after", q.completed_after.as_deref()), ("completed_before", q.completed_before.as_deref()), |f, m| bad_query(f, m))?;
+        range(("completed_after", q.completed_after.as_deref()), ("completed_before", q.completed_before.as_deref()), bad_query)?;
     let filter = FailedForwardFilter {
         source_id: query_id::<SourceId>("source_id", q.source_id.as_deref())?,
         destination_id: query_id::<DestinationId>("destination_id", q.destination_id.as_deref())?,
