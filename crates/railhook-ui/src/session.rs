@@ -175,7 +175,8 @@ fn sign_in_form(headers: &HeaderMap, status: StatusCode, problem: Option<&str>) 
             input type="hidden" name="csrf" value=(token);
             label for="credential" { "Project API key or operator token" }
             input #credential type="password" name="credential" autocomplete="current-password" required
-                aria-describedby="credential-help" aria-invalid=[problem.map(|_| "true")];
+                aria-describedby=(if problem.is_some() { "sign-in-error credential-help" } else { "credential-help" })
+                aria-invalid=[problem.map(|_| "true")];
             p #credential-help .hint { "A project API key (rhk_...) shows that project; the operator token (RAILHOOK_ADMIN_TOKEN) shows every project." }
             button type="submit" { "Sign in" }
         }
