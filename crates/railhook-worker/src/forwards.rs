@@ -97,7 +97,9 @@ pub struct ForwardMetrics {
     /// Attempts by result and status class.
     pub attempts: IntCounterVec,
     pub in_flight: IntGauge,
-    /// Claim outcomes: claimed, nothing, missing, destination_disabled, destination_rate.
+    /// Claim outcomes: claimed, nothing, missing, destination_disabled, destination_rate; and
+    /// unseen_retry, a claim made again because its row (or the scheduler's token on it) was
+    /// not visible yet.
     pub claims: IntCounterVec,
     /// Finalises that found their Claim gone (swept).
     pub fence_lost: IntCounter,
@@ -285,7 +287,10 @@ impl Forwarder {
         loop {
             let wait = match self.claimer.call(request).await {
                 Ok(ForwardClaimResult::Missing) => match unseen.next() {
-                    Some(ms) => Duration::from_millis(*ms),
+                    Some(ms) => {
+                        self.metrics.claims.with_label_values(&["unseen_retry"]).inc();
+                        Duration::from_millis(*ms)
+                    }
                     None => return Ok(Some(ForwardClaimResult::Missing)),
                 },
                 Err(e) if failures < CLAIM_FAILURE_RETRIES => {
@@ -528,12 +533,18 @@ pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: Cance
         c.done(p, o);
     }
     drop(c);
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        // Nothing consumed since the last commit.
-        Ok(()) | Err(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => tracing::warn!(error = %e, "final Forwards offset commit failed"),
-    }
-    tokio::task::spawn_blocking(move || drop(consumer)).await.ok();
+    // The final commit waits for the broker, and closing the consumer until it left the
+    // group: both off the async threads.
+    tokio::task::spawn_blocking(move || {
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            // Nothing consumed since the last commit.
+            Ok(()) | Err(rdkafka::error::KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => tracing::warn!(error = %e, "final Forwards offset commit failed"),
+        }
+        drop(consumer);
+    })
+    .await
+    .ok();
     Ok(())
 }
 

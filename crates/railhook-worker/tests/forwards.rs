@@ -219,7 +219,7 @@ async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
         println!("slowest: {} #{} {} {} {} ms", r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, String>(2), r.get::<_, String>(3), r.get::<_, i32>(4));
     }
     let claims = &sys.worker.metrics.forwards.claims;
-    let outcomes: Vec<(&str, u64)> = ["claimed", "nothing", "missing"].iter().map(|o| (*o, claims.with_label_values(&[o]).get())).collect();
+    let outcomes: Vec<(&str, u64)> = ["claimed", "nothing", "missing", "unseen_retry"].iter().map(|o| (*o, claims.with_label_values(&[o]).get())).collect();
     println!("claims: {outcomes:?}");
     println!("outage: 40 Forwards, {attempts} Attempts, {} arrivals, all delivered {caught_up:?} after the Destination came up", receiver.all_hits());
     sys.stop().await;
