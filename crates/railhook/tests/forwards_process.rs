@@ -125,19 +125,31 @@ async fn forwards_arrive_through_the_ingress_across_a_kill_9_of_the_worker() {
     let (key, path) = setup(&http, &stack, &receiver.url(0)).await;
     let client = db.client().await;
 
-    // A stream of provider requests; the worker is killed once some arrived, and started
-    // again after the stream.
-    let mut events = Vec::new();
-    let mut killed_at = None;
-    for n in 0..150 {
+    // One request through the whole chain first: the relay's slot and the worker's consumer
+    // group are ready once it arrived.
+    let mut events = vec![provider_sends(&http, &stack, &path, 0).await];
+    eventually(Duration::from_secs(90), "the first Forward to arrive", || async { (receiver.arrival_count() >= 1).then_some(()) }).await;
+    // A stream of provider requests; the worker is killed once 20 more arrived (during the
+    // stream, or while it works off the backlog), more requests arrive while no worker runs,
+    // and it is started again.
+    let mut killed = None;
+    for n in 1..130 {
         events.push(provider_sends(&http, &stack, &path, n).await);
-        if killed_at.is_none() && receiver.arrival_count() >= 20 {
+        if killed.is_none() && receiver.arrival_count() >= 21 {
+            killed = Some(n);
             worker.start_kill().unwrap();
             worker.wait().await.unwrap();
-            killed_at = Some((n, forwards(&client, "PROCESSING").await, receiver.arrival_count()));
         }
     }
-    let (sent_before_kill, processing, arrived) = killed_at.expect("the worker was killed mid-stream");
+    if killed.is_none() {
+        eventually(Duration::from_secs(60), "20 more arrivals", || async { (receiver.arrival_count() >= 21).then_some(()) }).await;
+        worker.start_kill().unwrap();
+        worker.wait().await.unwrap();
+    }
+    let (processing, arrived) = (forwards(&client, "PROCESSING").await, receiver.arrival_count());
+    for n in 130..150 {
+        events.push(provider_sends(&http, &stack, &path, n).await);
+    }
     worker = stack.spawn("worker");
     eventually(Duration::from_secs(180), "every Forward delivered", || async { (forwards(&client, "SUCCESS").await == 150).then_some(()) }).await;
     let arrivals = receiver.arrivals();
@@ -146,7 +158,8 @@ async fn forwards_arrive_through_the_ingress_across_a_kill_9_of_the_worker() {
     let delivered: std::collections::HashSet<String> = arrivals.iter().filter(|a| a.answered_2xx()).map(|a| a.webhook_id.clone()).collect();
     assert_eq!(ids, delivered, "each Forward arrived (its webhook-id is the Forward id)");
     println!(
-        "kill -9 after {sent_before_kill} requests sent and {arrived} arrived ({processing} PROCESSING right after it; a finalise sent just before may still commit): 150 Forwards, {} arrivals, {} duplicates",
+        "kill -9 after {} requests sent and {arrived} arrived ({processing} PROCESSING right after it; a finalise sent just before may still commit): 150 Forwards, {} arrivals, {} duplicates",
+        killed.map_or("all 130".to_string(), |n| (n + 1).to_string()),
         arrivals.len(),
         arrivals.len() - delivered.len()
     );
