@@ -136,11 +136,11 @@ pub struct EndpointHealth {
 }
 
 /// Health of the listed Endpoints of the project: the circuit row (primary key), PROCESSING
-/// count (`deliveries_processing_endpoint_idx`), FAILED in the last hour
+/// count (`deliveries_processing_idx`: project, endpoint), FAILED in the last hour
 /// (`deliveries_failed_idx`, bounded).
 const HEALTH_SQL: &str = "
 SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0), coalesce(c.failures, 0),
-       (SELECT count(*) FROM deliveries d WHERE d.endpoint_id = e.id AND d.status = 'PROCESSING'),
+       (SELECT count(*) FROM deliveries d WHERE d.project_id = $1 AND d.endpoint_id = e.id AND d.status = 'PROCESSING'),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
             WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
               AND d.endpoint_id = e.id LIMIT 10000) f)
