@@ -352,3 +352,47 @@ async fn postgres_unavailable_is_503() {
     assert_eq!(err["error"]["code"], "unavailable");
     shutdown.cancel();
 }
+
+/// The server's limits hold for the ingress too: a body trickled (or stalled) past
+/// `api.body_read_timeout_ms` is a 408 with the connection closed, headers over the server's
+/// bound are refused, and neither stores anything; a normal request is served afterwards.
+#[tokio::test]
+async fn slow_bodies_and_huge_headers_at_the_ingress_are_refused_and_store_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.api.body_read_timeout_ms = 1000;
+    let api = Api::start_with(db, config).await;
+    let p = api.project().await;
+    let (_, path) = source(&api, &p, json!({"provider": "github", "secret": "s"}), 1).await;
+
+    let body = vec![b'a'; 1000];
+    let mut head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n");
+    for (name, value) in github_headers("s", &body, "slow") {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\naaaaaaaaaa");
+    let mut stream = tokio::net::TcpStream::connect(api.addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(20), stream.read_to_end(&mut got)).await.expect("never closed").ok();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"request_timeout\""), "{text}");
+
+    let mut headers = github_headers("s", b"x", "huge");
+    let huge = "a".repeat(512 * 1024);
+    headers.push(("X-Huge", huge));
+    let refused = api.http.post(api.url(&path)).body(b"x".to_vec());
+    let refused = headers.iter().fold(refused, |r, (n, v)| r.header(*n, v)).send().await;
+    match refused {
+        Ok(resp) => assert_eq!(resp.status().as_u16(), 431),
+        // The server may close the connection before the client finished writing.
+        Err(e) => assert!(e.is_request() || e.is_connect() || e.is_body(), "{e}"),
+    }
+    assert_eq!(stored(&api).await, (0, 0, 0));
+
+    let (status, _) = send(&api, &path, &github_headers("s", b"ok", "ok"), b"ok".to_vec()).await;
+    assert_eq!(status, 202);
+    assert_eq!(stored(&api).await, (1, 1, 1));
+}
