@@ -26,11 +26,14 @@ mod deliveries;
 mod endpoints;
 mod error;
 mod failed;
+mod failed_forwards;
 mod form;
+mod incoming;
 mod overview;
 mod page;
 mod projects;
 mod query;
+mod sources;
 pub mod session;
 
 /// What every page can reach: the API's configuration and pool.
@@ -66,6 +69,13 @@ pub fn router(state: UiState) -> Router {
         .route("/ui/failed-messages/retry", post(failed::retry))
         .route("/ui/endpoints", get(endpoints::list))
         .route("/ui/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/ui/sources", get(sources::list))
+        .route("/ui/sources/{id}", get(sources::detail))
+        .route("/ui/incoming", get(incoming::list))
+        .route("/ui/incoming/{id}", get(incoming::detail))
+        .route("/ui/forwards/{id}/retry", post(incoming::retry))
+        .route("/ui/failed-forwards", get(failed_forwards::list))
+        .route("/ui/failed-forwards/retry", post(failed_forwards::retry))
         .route("/ui/assets/{name}", get(assets::serve))
         .route("/ui/{*rest}", any(error::not_found))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))

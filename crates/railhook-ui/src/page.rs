@@ -27,6 +27,9 @@ pub const SECTIONS: &[Section] = &[
     Section { path: "/ui/deliveries", label: "Deliveries", operator_only: false },
     Section { path: "/ui/failed-messages", label: "Failed Messages", operator_only: false },
     Section { path: "/ui/endpoints", label: "Endpoints", operator_only: false },
+    Section { path: "/ui/sources", label: "Sources", operator_only: false },
+    Section { path: "/ui/incoming", label: "Incoming Events", operator_only: false },
+    Section { path: "/ui/failed-forwards", label: "Failed Forwards", operator_only: false },
     Section { path: "/ui/projects", label: "Projects", operator_only: true },
 ];
 
