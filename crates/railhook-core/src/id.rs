@@ -207,6 +207,8 @@ prefixed_id!(/// A Destination that incoming events are forwarded to.
     DestinationId, "dst");
 prefixed_id!(/// A Forward: the obligation to get one Incoming Event to one Destination.
     ForwardId, "fwd");
+prefixed_id!(/// A Replay (the Time Machine): a background job making new Deliveries of stored Events.
+    ReplayId, "rpl");
 
 #[cfg(test)]
 mod tests {

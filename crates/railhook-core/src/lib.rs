@@ -13,7 +13,7 @@ pub use address::{classify, parse_endpoint_url, AllowList, AllowListError, Denie
 pub use id::{
     ClaimToken,
     ApiKeyId, AttemptId, DeliveryId, DestinationId, EndpointId, EventId, ForwardId, IdError,
-    IncomingEventId, OrganizationId, ProjectId, SourceId, SubscriptionId,
+    IncomingEventId, OrganizationId, ProjectId, ReplayId, SourceId, SubscriptionId,
 };
 pub use lsn::Lsn;
 pub use pattern::{candidate_patterns, EventType, EventTypePattern, PatternError};

@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod locks;
 pub mod migrate;
 pub mod pool;
+pub mod replays;
 pub mod server;
 pub mod sources;
 pub mod subscriptions;

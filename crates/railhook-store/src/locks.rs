@@ -24,9 +24,12 @@ const fn singleton(n: i64) -> i64 {
 pub const MIGRATE: LockKey = LockKey { name: "migrate", key: singleton(1) };
 /// The worker's sweeps (6.4): one process at a time (transaction level, try-lock).
 pub const SWEEP: LockKey = LockKey { name: "sweep", key: singleton(2) };
+/// The Replay runner (issue 17): one batch at a time across processes (transaction level,
+/// try-lock, taken by `replays::run_batch`).
+pub const REPLAY: LockKey = LockKey { name: "replay", key: singleton(3) };
 
 /// Every singleton key, for the uniqueness test and for operators reading `pg_locks`.
-pub const ALL: &[LockKey] = &[MIGRATE, SWEEP];
+pub const ALL: &[LockKey] = &[MIGRATE, SWEEP, REPLAY];
 
 /// Seed of `hashtextextended(project_id::text, seed)`: a project's claims serialise on it.
 pub const PROJECT_CLAIM_SEED: i64 = 7061;

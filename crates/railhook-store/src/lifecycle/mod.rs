@@ -21,6 +21,7 @@
 //! | PENDING (past the hard cap) | FAILED | the sweep | [`schedule::sweep`] |
 //! | PENDING (unclaimed) | PENDING, announced | the relay, after it created a slot | [`schedule::reannounce_pending`] |
 //! | FAILED | PENDING, announced | a person: manual and bulk retry | [`manual::retry`], [`manual::retry_many`] |
+//! | (none) | PENDING, announced | a Replay (Time Machine): a new Delivery per (Event, Endpoint), in the runner's batch transaction with the Replay's cursor | [`replay::insert_batch`] |
 //! | (none) | PENDING, announced | Forwards: the ingress, one per enabled Destination | `incoming::INGRESS_SQL` |
 //! | (none) | PENDING, announced | Forwards: a replay of an Incoming Event (a new Forward) | [`forward::replay`] |
 //! | PENDING | PROCESSING | Forwards: the worker's claim (fenced like Deliveries) | [`forward::claim_batch`] |
@@ -48,6 +49,7 @@ pub mod claim;
 pub mod finalise;
 pub mod forward;
 pub mod manual;
+pub mod replay;
 pub mod schedule;
 
 pub use claim::{claim_batch, ClaimRequest, ClaimResult, Claimed, Limits};

@@ -1,0 +1,77 @@
+//! A Replay's Deliveries (the Time Machine): (none) -> PENDING, announced.
+//!
+//! One statement per batch makes a *new* Delivery for each (Event, Endpoint, Subscription)
+//! the runner chose (`crate::replays`): a new id (the `webhook-id`, so the receiver's dedupe
+//! lets it through), the same Event (`X-Event-Id`), the Subscription's ladder as it is now,
+//! a new Sequence Number where that Subscription is ordered (handed out like the ingest's,
+//! under the endpoint row's lock, in the batch's Event order), `replay_id` (unique per
+//! (replay, event, endpoint): `deliveries_replay_once_idx`), `replay_of` the original
+//! Delivery of that Event and Endpoint when there is one, and its Outbox row (reason
+//! `replay`) in the same statement. The caller moves the Replay's cursor in the same
+//! transaction.
+
+use deadpool_postgres::GenericClient;
+use railhook_core::{AnnouncementReason, EndpointId, EventId, ProjectId, ReplayId, SubscriptionId};
+
+use crate::events::DEFAULT_OUTGOING_DELAYS;
+use crate::StoreError;
+
+/// One Delivery a batch makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayTarget {
+    pub event: EventId,
+    pub endpoint: EndpointId,
+    pub subscription: SubscriptionId,
+}
+
+const INSERT_SQL: &str = "
+WITH pick AS (
+    SELECT p.ord, p.event_id, p.endpoint_id, s.id AS subscription_id, s.ordering,
+           s.max_attempts, s.timeout_seconds, COALESCE(s.retry_delays, $6::int[]) AS retry_delays,
+           row_number() OVER (PARTITION BY p.endpoint_id, s.ordering ORDER BY p.ord) AS nth
+    FROM unnest($3::uuid[], $4::uuid[], $5::uuid[]) WITH ORDINALITY AS p(event_id, endpoint_id, subscription_id, ord)
+    JOIN subscriptions s ON s.id = p.subscription_id AND s.project_id = $2
+),
+seq AS (
+    UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
+    FROM (SELECT endpoint_id, count(*) AS n FROM pick WHERE ordering GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id
+    RETURNING e.id, e.last_sequence - c.n AS base
+),
+dl AS (
+    INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts,
+                            retry_delays, timeout_seconds, sequence_number, replay_id, replay_of)
+    SELECT railhook_uuid_v7(), $2, pick.event_id, pick.endpoint_id, pick.subscription_id, pick.max_attempts,
+           pick.retry_delays, pick.timeout_seconds, CASE WHEN pick.ordering THEN seq.base + pick.nth END, $1,
+           (SELECT o.id FROM deliveries o
+            WHERE o.event_id = pick.event_id AND o.endpoint_id = pick.endpoint_id
+              AND o.replay_of IS NULL AND o.replay_id IS NULL
+            ORDER BY o.id LIMIT 1)
+    FROM pick LEFT JOIN seq ON seq.id = pick.endpoint_id AND pick.ordering
+    ORDER BY pick.ord
+    RETURNING id, endpoint_id
+),
+ob AS (
+    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
+    SELECT $2, dl.id, dl.endpoint_id, $7 FROM dl
+)
+SELECT count(*) FROM dl";
+
+/// Makes the batch's Deliveries and their announcements; returns how many were made (a
+/// target whose Subscription was deleted since it was chosen makes none). Run it inside the
+/// transaction that moves the Replay's cursor: a duplicate (replay, event, endpoint) is a
+/// unique violation, never a second Delivery.
+pub async fn insert_batch<C: GenericClient + Sync>(db: &C, replay: ReplayId, project: ProjectId, targets: &[ReplayTarget]) -> Result<u64, StoreError> {
+    if targets.is_empty() {
+        return Ok(0);
+    }
+    let events: Vec<EventId> = targets.iter().map(|t| t.event).collect();
+    let endpoints: Vec<EndpointId> = targets.iter().map(|t| t.endpoint).collect();
+    let subscriptions: Vec<SubscriptionId> = targets.iter().map(|t| t.subscription).collect();
+    let delays = DEFAULT_OUTGOING_DELAYS.to_vec();
+    let statement = db.prepare_cached(INSERT_SQL).await?;
+    let row = db
+        .query_one(&statement, &[&replay, &project, &events, &endpoints, &subscriptions, &delays, &AnnouncementReason::Replay.as_str()])
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
