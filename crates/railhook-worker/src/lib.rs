@@ -26,6 +26,7 @@ pub mod http;
 pub mod ladder;
 pub mod metrics;
 pub mod queues;
+pub mod replays;
 pub mod runner;
 
 pub use error::{ErrorKind, WorkerError};
@@ -66,6 +67,8 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let mut jobs = JoinSet::new();
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    // Replays (the Time Machine): bounded batches below live traffic (crate::replays).
+    jobs.spawn(replays::run(runner.pool.clone(), config.replay.clone(), background.clone()));
     // The incoming direction: its own consume loop and sweeps (crate::forwards); stops with
     // the Deliveries' consumer.
     let (fwd_config, fwd_pool, fwd_sender, fwd_metrics, fwd_stop) = (config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), shutdown.clone());
