@@ -33,19 +33,25 @@ mod overview;
 mod page;
 mod projects;
 mod query;
+pub mod relay;
 mod sources;
 pub mod session;
 
-/// What every page can reach: the API's configuration and pool.
+/// What every page can reach: the API's configuration and pool, and the slot's recent
+/// history for the relay page.
 #[derive(Clone)]
 pub struct UiState {
     pub config: Arc<Config>,
     pub pool: Pool,
+    pub relay: Arc<relay::History>,
 }
 
 impl UiState {
+    /// Starts the slot sampler when called inside a Tokio runtime (it ends with the state).
     pub fn new(config: Arc<Config>, pool: Pool) -> UiState {
-        UiState { config, pool }
+        let relay = Arc::new(relay::History::default());
+        relay::spawn_sampler(pool.clone(), config.relay.slot_name.clone(), &relay);
+        UiState { config, pool, relay }
     }
 }
 
@@ -76,6 +82,7 @@ pub fn router(state: UiState) -> Router {
         .route("/ui/forwards/{id}/retry", post(incoming::retry))
         .route("/ui/failed-forwards", get(failed_forwards::list))
         .route("/ui/failed-forwards/retry", post(failed_forwards::retry))
+        .route("/ui/relay", get(relay::page))
         .route("/ui/assets/{name}", get(assets::serve))
         .route("/ui/{*rest}", any(error::not_found))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))

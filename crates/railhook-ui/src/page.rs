@@ -31,6 +31,7 @@ pub const SECTIONS: &[Section] = &[
     Section { path: "/ui/incoming", label: "Incoming Events", operator_only: false },
     Section { path: "/ui/failed-forwards", label: "Failed Forwards", operator_only: false },
     Section { path: "/ui/projects", label: "Projects", operator_only: true },
+    Section { path: "/ui/relay", label: "Relay", operator_only: true },
 ];
 
 fn head(title: &str) -> Markup {

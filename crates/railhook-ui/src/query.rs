@@ -307,3 +307,28 @@ mod tests {
         assert!((900.0..=1000.0).contains(&r), "{r}");
     }
 }
+
+/// A walsender of this server (`pg_stat_replication`): the relay's stream or a standby.
+#[derive(Debug)]
+pub struct Walsender {
+    pub pid: i32,
+    pub application_name: String,
+    pub client: Option<String>,
+    pub state: Option<String>,
+    /// `pg_current_wal_lsn() - replay_lsn`; `None` for a logical walsender that reports none.
+    pub replay_lag_bytes: Option<i64>,
+}
+
+/// Every walsender, a handful of rows (one per replication connection).
+const WALSENDERS_SQL: &str = "
+SELECT pid, application_name, client_addr::text, state,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint
+FROM pg_stat_replication ORDER BY backend_start LIMIT 100";
+
+pub async fn walsenders(client: &impl GenericClient) -> UiResult<Vec<Walsender>> {
+    let rows = client.query(WALSENDERS_SQL, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| Walsender { pid: r.get(0), application_name: r.get(1), client: r.get(2), state: r.get(3), replay_lag_bytes: r.get(4) })
+        .collect())
+}

@@ -282,3 +282,116 @@ async fn lists_are_cursor_paginated() {
     assert_eq!(second.body.matches("data-endpoint=").count(), 1);
     assert!(second.body.contains(&ids[50].to_string()) && !second.body.contains("rel=\"next\""));
 }
+
+/// A Source named with markup, a Destination, and one Incoming Event whose header and body
+/// carry markup too; its Forward set to FAILED as the worker would leave it.
+async fn incoming_fixture(ui: &Ui, project: ProjectId) -> (railhook_core::SourceId, railhook_core::IncomingEventId, railhook_core::ForwardId) {
+    use railhook_store::incoming::{self, NewIncomingEvent, Received, StoredHeader};
+    use railhook_store::sources::{self, DestinationAuth, NewDestination, NewSource};
+    let client = ui.pool.get().await.unwrap();
+    let new = NewSource { name: "<b>Stripe</b>", provider: "stripe", config: None, secret: "whsec_test", enabled: true, rate_limit_per_second: None };
+    let source = sources::create_source(&**client, project, new).await.unwrap();
+    let dest = NewDestination { url: "http://127.0.0.1:9/in", auth: &DestinationAuth::None, enabled: true, rate_limit_per_second: None };
+    sources::create_destination(&**client, project, source.id, dest).await.unwrap().unwrap();
+    let headers = [StoredHeader::new("x-note", b"<i>hi</i>")];
+    let new = NewIncomingEvent {
+        project,
+        source: source.id,
+        provider_event_id: Some("evt_1"),
+        method: "POST",
+        headers: &headers,
+        body: b"{\"a\":\"<script>x</script>\"}",
+        content_type: Some("application/json"),
+    };
+    let Received::Stored { id, forwards, .. } = incoming::receive(&client, new).await.unwrap() else { panic!("stored") };
+    let forward = forwards[0].0;
+    client
+        .execute("UPDATE forwards SET status = 'FAILED', completed_at = now(), last_error = 'HTTP 500' WHERE id = $1", &[&forward.0])
+        .await
+        .unwrap();
+    (source.id, id, forward)
+}
+
+#[tokio::test]
+async fn incoming_pages_show_sources_events_and_forwards_escaped_and_retry_a_failed_forward() {
+    let ui = Ui::new().await;
+    let (project, key) = ui.project("Shop").await;
+    let (source, event, forward) = incoming_fixture(&ui, project).await;
+    let session = ui.sign_in(&key).await;
+    let sources = ui.get("/ui/sources", &session).await;
+    assert_eq!(sources.status, StatusCode::OK, "{}", sources.body);
+    assert!(sources.body.contains("&lt;b&gt;Stripe&lt;/b&gt;") && sources.body.contains("/ingress/") && sources.body.contains("stripe"));
+    let one = ui.get(&format!("/ui/sources/{source}"), &session).await;
+    assert!(one.body.contains("http://127.0.0.1:9/in"), "{}", one.body);
+    let list = ui.get(&format!("/ui/incoming?source_id={source}&provider_event_id=evt_1"), &session).await;
+    assert!(list.body.contains(&event.to_string()), "{}", list.body);
+    let none = ui.get("/ui/incoming?provider_event_id=evt_2", &session).await;
+    assert!(!none.body.contains(&event.to_string()));
+    let detail = ui.get(&format!("/ui/incoming/{event}"), &session).await;
+    assert!(detail.body.contains("&lt;i&gt;hi&lt;/i&gt;") && detail.body.contains("&lt;script&gt;x&lt;/script&gt;"), "{}", detail.body);
+    assert!(!detail.body.contains("<script>x"));
+    assert!(detail.body.contains(&forward.to_string()) && detail.body.contains("FAILED"));
+    let failed = ui.get("/ui/failed-forwards", &session).await;
+    assert!(failed.body.contains(&forward.to_string()), "{}", failed.body);
+    let csrf = csrf_of(&detail);
+    let retried = ui.post(&format!("/ui/forwards/{forward}/retry"), &session, &format!("csrf={csrf}")).await;
+    assert_eq!(retried.status, StatusCode::SEE_OTHER, "{}", retried.body);
+    assert_eq!(retried.headers[header::LOCATION], format!("/ui/incoming/{event}?retried=1"));
+    let again = ui.post(&format!("/ui/forwards/{forward}/retry"), &session, &format!("csrf={csrf}")).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    // Another project sees none of it.
+    let (_, other) = ui.project("Other").await;
+    let theirs = ui.sign_in(&other).await;
+    assert_eq!(ui.get(&format!("/ui/incoming/{event}"), &theirs).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(ui.get(&format!("/ui/sources/{source}"), &theirs).await.status, StatusCode::NOT_FOUND);
+    assert!(!ui.get("/ui/failed-forwards", &theirs).await.body.contains(&forward.to_string()));
+}
+
+#[tokio::test]
+async fn incoming_and_relay_pages_refuse_bad_input_with_a_4xx() {
+    let ui = Ui::new().await;
+    let (_, key) = ui.project("Shop").await;
+    let session = ui.sign_in(&key).await;
+    let csrf = ui.csrf(&session).await;
+    let gets = [
+        ("/ui/sources/nope", StatusCode::BAD_REQUEST),
+        (&format!("/ui/sources/{}", railhook_core::SourceId::new()) as &str, StatusCode::NOT_FOUND),
+        ("/ui/sources?cursor=zzz", StatusCode::BAD_REQUEST),
+        ("/ui/incoming/nope", StatusCode::BAD_REQUEST),
+        (&format!("/ui/incoming/{}", railhook_core::IncomingEventId::new()) as &str, StatusCode::NOT_FOUND),
+        ("/ui/incoming?source_id=ep_x", StatusCode::BAD_REQUEST),
+        ("/ui/incoming?received_after=2026-01-02T00:00&received_before=2026-01-01T00:00", StatusCode::BAD_REQUEST),
+        ("/ui/failed-forwards?destination_id=zzz", StatusCode::BAD_REQUEST),
+        ("/ui/failed-forwards?cursor=zzz", StatusCode::BAD_REQUEST),
+        ("/ui/relay", StatusCode::FORBIDDEN),
+    ];
+    for (path, expected) in gets {
+        let page = ui.get(path, &session).await;
+        assert_eq!(page.status, expected, "{path}: {}", page.body);
+    }
+    let posts = [
+        ("/ui/forwards/nope/retry", format!("csrf={csrf}"), StatusCode::BAD_REQUEST),
+        (&format!("/ui/forwards/{}/retry", railhook_core::ForwardId::new()) as &str, format!("csrf={csrf}"), StatusCode::NOT_FOUND),
+        (&format!("/ui/forwards/{}/retry", railhook_core::ForwardId::new()) as &str, String::new(), StatusCode::FORBIDDEN),
+        ("/ui/failed-forwards/retry", format!("csrf={csrf}&scope=selected"), StatusCode::BAD_REQUEST),
+        ("/ui/failed-forwards/retry", format!("csrf={csrf}&scope=selected&id=zzz"), StatusCode::BAD_REQUEST),
+        ("/ui/failed-forwards/retry", format!("csrf={csrf}&scope=other"), StatusCode::BAD_REQUEST),
+    ];
+    for (path, form, expected) in posts {
+        let page = ui.post(path, &session, &form).await;
+        assert_eq!(page.status, expected, "{path} {form}: {}", page.body);
+    }
+    let all = ui.post("/ui/failed-forwards/retry", &session, &format!("csrf={csrf}&scope=matching")).await;
+    assert_eq!(all.status, StatusCode::SEE_OTHER, "{}", all.body);
+}
+
+#[tokio::test]
+async fn the_operator_sees_the_slot_on_the_relay_page() {
+    let ui = Ui::new().await;
+    let session = ui.sign_in(&ui.operator).await;
+    let page = ui.get("/ui/relay", &session).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    // No relay runs in this test: the slot does not exist, and the page says so.
+    assert!(page.body.contains("wal_status") && page.body.contains("missing") && page.body.contains("id=\"current-lsn\""), "{}", page.body);
+    assert!(!page.body.contains(" style="), "no inline style");
+}
