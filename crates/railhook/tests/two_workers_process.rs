@@ -33,9 +33,12 @@ const HOLD: Duration = Duration::from_millis(25);
 const BURST: usize = 1_500;
 /// A stuck PROCESSING Delivery of the killed worker goes back to PENDING after this long.
 const PROCESSING_TIMEOUT_S: u64 = 8;
-/// On top of the session timeout: the survivor's rejoin (a heartbeat), the fetch from the
-/// last committed offset, the claim and the request.
-const TAKEOVER_MARGIN: Duration = Duration::from_secs(5);
+/// On top of the session timeout: the survivor's rejoin (its next heartbeat, 1 s), then the
+/// dead worker's partitions read again from their last committed offsets (auto-commit every
+/// 5 s: seconds of hints whose Deliveries are done, each claimed for nothing) before the
+/// first new one is claimed and sent. A run with librdkafka's `cgrp` debug log had the
+/// partitions reassigned 6.9 s after the kill and the first arrival 3.5 s later.
+const TAKEOVER_MARGIN: Duration = Duration::from_secs(8);
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -389,7 +392,9 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
         .filter_map(|e| arrivals.iter().find(|a| a.endpoint == *e && a.at > killed_at && a.pid == survivor_pid).map(|a| (*e, a.at - killed_at)))
         .collect();
     firsts.sort_by_key(|(_, d)| *d);
-    let after_kill_from_victim = arrivals.iter().filter(|a| a.at > killed_at + Duration::from_millis(50) && a.pid == victim_pid).count();
+    // (A request of the dead worker's in flight at the kill may still be answered a moment
+    // later: the receiver is on a busy machine too.)
+    let after_kill_from_victim = arrivals.iter().filter(|a| a.at > killed_at + Duration::from_secs(1) && a.pid == victim_pid).count();
     let duplicates = arrivals.len() - want.len();
     let distinct_after: HashSet<&str> = arrivals[arrived_at_kill..].iter().map(|a| a.webhook_id.as_str()).collect();
     let dup_after = arrivals.len() - arrived_at_kill - distinct_after.len();
