@@ -25,6 +25,7 @@ pub mod incoming;
 pub mod ingress;
 pub mod openapi;
 pub mod pagination;
+pub mod replays;
 pub mod sources;
 pub mod subscriptions;
 
@@ -95,6 +96,9 @@ fn v1(state: AppState) -> Router {
         .route("/v1/forwards/{id}/retry", post(forwards::retry))
         .route("/v1/failed-forwards", get(forwards::failed))
         .route("/v1/failed-forwards/retry", post(forwards::retry_failed))
+        .route("/v1/replays", post(replays::create).get(replays::list))
+        .route("/v1/replays/{id}", get(replays::get))
+        .route("/v1/replays/{id}/cancel", post(replays::cancel))
         .route("/openapi.json", get(openapi::serve))
         .layer(DefaultBodyLimit::max(state.config.api.max_body_bytes))
         .layer(axum::middleware::from_fn({

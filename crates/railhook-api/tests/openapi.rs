@@ -52,6 +52,10 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("post", "/v1/forwards/{id}/retry", "202 400 401 404 409 413 415 422 503"),
     ("get", "/v1/failed-forwards", "200 400 401 503"),
     ("post", "/v1/failed-forwards/retry", "202 400 401 413 415 422 503"),
+    ("post", "/v1/replays", "200 202 400 401 409 413 415 422 503"),
+    ("get", "/v1/replays", "200 400 401 503"),
+    ("get", "/v1/replays/{id}", "200 400 401 404 503"),
+    ("post", "/v1/replays/{id}/cancel", "200 400 401 404 409 503"),
     ("post", "/ingress/{token}", "200 202 401 404 410 413 429 503"),
 ];
 
