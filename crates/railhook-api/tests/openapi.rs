@@ -84,9 +84,10 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
                     assert!(r["content"]["application/json"]["schema"].is_object(), "{method} {path} {code}: error without schema");
                 }
             }
-            // Optional or no JSON body: rotating an Endpoint's secret, disabling a Source; the
-            // ingress takes any content type.
-            let no_json_body = path.ends_with("/v1/endpoints/{id}/rotate-secret") || path.ends_with("/disable") || path.starts_with("/ingress/");
+            // Optional or no JSON body: rotating an Endpoint's secret, disabling a Source,
+            // cancelling a Replay; the ingress takes any content type.
+            let no_json_body =
+                path.ends_with("/v1/endpoints/{id}/rotate-secret") || path.ends_with("/disable") || path.ends_with("/cancel") || path.starts_with("/ingress/");
             if method == "post" && !no_json_body {
                 assert!(op["requestBody"]["content"]["application/json"]["schema"].is_object(), "{method} {path}: no request schema");
             }
