@@ -238,6 +238,17 @@ pub struct Verdict {
     pub arrivals_unknown_webhook_id: usize,
     pub bad_signatures: usize,
     pub ordering: OrderingSummary,
+    /// The incoming direction's figures and failures ([`crate::forwards`]), merged into
+    /// `failures` and `passed` by [`merge_forwards`].
+    #[serde(default)]
+    pub forwards: crate::forwards::ForwardsVerdict,
+}
+
+/// Adds the incoming direction's verdict to the Deliveries': its failures fail the run.
+pub fn merge_forwards(v: &mut Verdict, forwards: crate::forwards::ForwardsVerdict) {
+    v.failures.extend(forwards.failures.iter().cloned());
+    v.passed = v.failures.is_empty();
+    v.forwards = forwards;
 }
 
 const EXAMPLES: usize = 20;
@@ -502,7 +513,7 @@ fn check_ordering(inputs: &Inputs) -> OrderingSummary {
     o
 }
 
-fn explain(a: &Arrival, tried: &[&AttemptRow], timeout_s: i64, kills: &[DateTime<Utc>], pg_restarts: &[(DateTime<Utc>, DateTime<Utc>)]) -> Explanation {
+pub(crate) fn explain(a: &Arrival, tried: &[&AttemptRow], timeout_s: i64, kills: &[DateTime<Utc>], pg_restarts: &[(DateTime<Utc>, DateTime<Utc>)]) -> Explanation {
     let slack = Duration::milliseconds(MATCH_SLACK_MS);
     let covering: Vec<&&AttemptRow> = tried
         .iter()
@@ -543,6 +554,9 @@ mod tests {
             behaviour: "ok".into(),
             verified: true,
             sequence: None,
+            idempotency_key: None,
+            incoming_event_id: None,
+            forward_attempt: None,
         }
     }
 

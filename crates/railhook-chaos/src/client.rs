@@ -29,7 +29,7 @@ impl Api {
     }
 
     /// POST with retries on connection errors and 5xx (set-up only: before any fault).
-    async fn post(&self, path: &str, bearer: &str, body: Value) -> anyhow::Result<Value> {
+    pub(crate) async fn post(&self, path: &str, bearer: &str, body: Value) -> anyhow::Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let sent = self.http.post(format!("{}{path}", self.base)).bearer_auth(bearer).json(&body).send().await;

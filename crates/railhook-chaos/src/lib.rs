@@ -39,6 +39,8 @@ use tokio::time::Instant;
 
 pub mod checker;
 pub mod client;
+pub mod forwards;
+pub mod incoming;
 pub mod procs;
 pub mod receiver;
 
@@ -96,6 +98,12 @@ pub struct Options {
     /// Endpoint's ordered Deliveries go one at a time through its 500s and timeouts (about
     /// 1 s each), and that backlog is what the drain waits for.
     pub ordered_burst_flaky: usize,
+    /// Provider events sent to the ingress during the send phase (plus a resend of every
+    /// `incoming::RESEND_EVERY`-th), spread over the same time as the paced events.
+    pub incoming: usize,
+    /// Standard Webhooks Sources; Source `s` has `1 + s % 2` Destinations, every other
+    /// Destination flaky.
+    pub sources: usize,
 }
 
 impl Options {
@@ -116,6 +124,8 @@ impl Options {
             keep: false,
             ordered_burst: 20,
             ordered_burst_flaky: 4,
+            incoming: 100,
+            sources: 3,
         }
     }
 
@@ -137,6 +147,8 @@ impl Options {
             keep: false,
             ordered_burst: 25,
             ordered_burst_flaky: 5,
+            incoming: 2_000,
+            sources: 4,
         }
     }
 }
@@ -226,10 +238,34 @@ pub struct Report {
     pub faults: Vec<FaultRecord>,
     pub processes: BTreeMap<String, ProcessStats>,
     pub client: client::SendStats,
+    /// The incoming direction: Standard Webhooks Sources, their Destinations on the receiver.
+    pub sources: usize,
+    pub destinations: usize,
+    pub flaky_destinations: usize,
+    pub incoming_client: incoming::IncomingStats,
     pub drained: bool,
     pub timings: Timings,
     /// Logs, configuration and the receiver's log (kept when the run failed or `keep`).
     pub run_dir: Option<PathBuf>,
+}
+
+/// `RETRY_DELAYS`, its last wait repeated, as `MAX_ATTEMPTS - 1` waits.
+pub fn incoming_ladder() -> Vec<i32> {
+    (0..MAX_ATTEMPTS as usize - 1).map(|i| RETRY_DELAYS[i.min(RETRY_DELAYS.len() - 1)] as i32).collect()
+}
+
+/// Per Source, how many Destinations: 1, 2, 1, 2, ...
+fn destinations_per_source(opts: &Options) -> Vec<usize> {
+    (0..opts.sources).map(|s| 1 + s % 2).collect()
+}
+
+/// Destination `d` (in creation order) is flaky when `d` is odd.
+fn destination_profile(d: usize) -> Profile {
+    if d % 2 == 1 {
+        Profile::flaky()
+    } else {
+        Profile::Healthy
+    }
 }
 
 fn profile_for(j: usize, quick: bool) -> Profile {
@@ -270,6 +306,9 @@ fn config(pg: &PgCluster, kafka: &KafkaBroker, ports: &Ports) -> railhook_config
     c.worker.circuit_cooldown_seconds = 5;
     // Never needed in this run (see ORDERING_GAP_TIMEOUT_S): one that fires fails it.
     c.worker.ordering_gap_timeout_seconds = ORDERING_GAP_TIMEOUT_S;
+    // The Forwards' ladder: the Subscriptions' (20 Attempts, about 150 s) instead of the
+    // incoming default (60 s to an hour, 5 Attempts).
+    c.worker.incoming_retry_delays_seconds = incoming_ladder();
     c.network.allow_cidrs = vec!["127.0.0.0/8".into()];
     c.telemetry.log_filter = "info".into();
     c
@@ -385,6 +424,13 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         endpoints.push(ReceiverEndpoint { secret, profile, timeout: Duration::from_secs(timeout as u64) });
     }
     let flaky_endpoints = endpoints.iter().filter(|e| e.profile != Profile::Healthy).count();
+    // The Destinations' receiver endpoints follow the Endpoints': `opts.endpoints + d`.
+    let destination_count: usize = destinations_per_source(opts).iter().sum();
+    for d in 0..destination_count {
+        let profile = destination_profile(d);
+        let timeout = if profile == Profile::Healthy { HEALTHY_TIMEOUT_S } else { FLAKY_TIMEOUT_S };
+        endpoints.push(ReceiverEndpoint { secret: EndpointSecret::generate(), profile, timeout: Duration::from_secs(timeout as u64) });
+    }
     let receiver = Receiver::start(ports.receiver, endpoints.clone(), opts.seed ^ 0x5eed).await?;
     let receiver = Arc::new(tokio::sync::Mutex::new(receiver));
 
@@ -425,6 +471,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         })
         .collect();
     let tenancy = client::set_up(&api, ADMIN_TOKEN, &plans, &RETRY_DELAYS, MAX_ATTEMPTS).await?;
+    let incoming_tenancy = incoming::set_up(&api, &tenancy.api_key, &destination_plans(opts, &endpoints, ports.receiver)).await?;
     let setup_s = t0.elapsed().as_secs_f64();
     eprintln!("railhook-chaos: set up in {setup_s:.1} s; sending");
 
@@ -448,13 +495,21 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         first_index: opts.events,
     };
     let client_done = tokio_util::sync::CancellationToken::new();
+    let incoming_sending = Arc::new(incoming::IncomingSending::default());
+    let send_incoming = async {
+        // Over the paced stream's time (slightly less, so it ends with it).
+        let (send_time, slots) = (opts.events as f64 / opts.rate, opts.incoming + opts.incoming / incoming::RESEND_EVERY);
+        let rate = slots as f64 / (send_time * 0.95);
+        let give_up = Duration::from_secs_f64(send_time) + Duration::from_secs(600);
+        incoming::send_all(&api, &incoming_tenancy, &run_tag, opts.incoming, rate, opts.concurrency, give_up, incoming_sending.clone()).await;
+    };
     let send = async {
         let give_up = Duration::from_secs_f64(opts.events as f64 / opts.rate) + Duration::from_secs(600);
         client::send_all(&api, &tenancy.api_key, &run_tag, opts.events, opts.endpoints, opts.rate, opts.concurrency, give_up, sending.clone()).await;
         client_done.cancel();
     };
     let faults = inject(&plan, opts, &stack, &mut pg, &mut kafka, receiver.clone(), &sending, &client_done, &bursts);
-    let ((), (mut records, burst_events)) = tokio::join!(send, faults);
+    let ((), (), (mut records, burst_events)) = tokio::join!(send, send_incoming, faults);
     let send_s = t_send.elapsed().as_secs_f64();
     eprintln!(
         "railhook-chaos: sent in {send_s:.1} s, {} accepted ({} of {burst_events} in ordered bursts); draining",
@@ -467,15 +522,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let accepted: Vec<checker::AcceptedEvent> = sending.accepted.lock().unwrap().clone();
     let expected = expected_count(&accepted, &tenancy.subscriptions);
     let db_url = pg.url("railhook");
-    let drained = wait_for(opts.drain_timeout, "every Delivery to be terminal", || async {
+    let expected_forwards = incoming_sending.expected_forwards(&incoming_tenancy);
+    let drained = wait_for(opts.drain_timeout, "every Delivery and Forward to be terminal", || async {
         let Ok(db) = railhook_testkit::connect(&db_url).await else { return false };
-        match db
-            .query_one("SELECT count(*), count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING')) FROM deliveries", &[])
-            .await
-        {
-            Ok(row) => row.get::<_, i64>(0) as usize >= expected && row.get::<_, i64>(1) == 0,
-            Err(_) => false,
-        }
+        terminal(&db, "deliveries", expected).await && terminal(&db, "forwards", expected_forwards).await
     })
     .await
     .is_ok();
@@ -491,7 +541,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     stack.stop().await;
     gap_timeouts.worker_log =
         std::fs::read_to_string(&stack.worker.log).unwrap_or_default().lines().filter(|l| l.contains("ordering gap timeout")).count() as u64;
-    let arrivals = receiver.lock().await.arrivals();
+    let (arrivals, forward_arrivals): (Vec<_>, Vec<_>) = receiver.lock().await.arrivals().into_iter().partition(|a| a.endpoint < opts.endpoints);
     receiver.lock().await.go_away().await;
     records.sort_by_key(|r| r.started_at);
     inputs.planned_events = opts.events + burst_events;
@@ -502,9 +552,21 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     inputs.subscriptions = tenancy.subscriptions.clone();
     inputs.arrivals = arrivals;
     inputs.faults = records.clone();
-    let verdict = checker::check(&inputs);
+    let mut verdict = checker::check(&inputs);
+    let in_postgres = read_forwards(&pg_client(&db_url).await?).await?;
+    let forward_inputs = forwards::ForwardInputs {
+        planned: opts.incoming,
+        requests: incoming_sending.answered.lock().unwrap().clone(),
+        refused: incoming_sending.refused.lock().unwrap().clone(),
+        destinations: incoming_tenancy.destinations.clone(),
+        arrivals: forward_arrivals,
+        faults: records.clone(),
+        ..in_postgres
+    };
+    checker::merge_forwards(&mut verdict, forwards::check(&forward_inputs));
     let check_s = t_check.elapsed().as_secs_f64();
     std::fs::write(dir.join("arrivals.json"), serde_json::to_vec(&inputs.arrivals)?)?;
+    std::fs::write(dir.join("forward_arrivals.json"), serde_json::to_vec(&forward_inputs.arrivals)?)?;
     let keep = opts.keep || !verdict.passed;
     let report = Report {
         mode: if opts.quick { "quick" } else { "full" },
@@ -522,6 +584,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         faults: records,
         processes: stack.stats(),
         client: sending.stats.lock().unwrap().clone(),
+        sources: opts.sources,
+        destinations: incoming_tenancy.destinations.len(),
+        flaky_destinations: (0..incoming_tenancy.destinations.len()).filter(|d| destination_profile(*d) != Profile::Healthy).count(),
+        incoming_client: incoming_sending.stats.lock().unwrap().clone(),
         drained,
         timings: Timings { setup_s, send_s, drain_s, check_s, total_s: t0.elapsed().as_secs_f64() },
         run_dir: keep.then(|| dir.clone()),
@@ -532,6 +598,68 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(report)
+}
+
+fn destination_plans(opts: &Options, endpoints: &[ReceiverEndpoint], port: u16) -> Vec<Vec<incoming::DestinationPlan>> {
+    let mut d = 0;
+    let mut plans = Vec::new();
+    for count in destinations_per_source(opts) {
+        let plan = (d..d + count)
+            .map(|d| {
+                let endpoint = opts.endpoints + d;
+                incoming::DestinationPlan { endpoint, url: format!("http://127.0.0.1:{port}/ep/{endpoint}"), secret: endpoints[endpoint].secret.as_str().to_string() }
+            })
+            .collect();
+        plans.push(plan);
+        d += count;
+    }
+    plans
+}
+
+/// At least `expected` rows in `table` and none PENDING or PROCESSING.
+async fn terminal(db: &tokio_postgres::Client, table: &str, expected: usize) -> bool {
+    let sql = format!("SELECT count(*), count(*) FILTER (WHERE status IN ('PENDING', 'PROCESSING')) FROM {table}");
+    match db.query_one(&sql, &[]).await {
+        Ok(row) => row.get::<_, i64>(0) as usize >= expected && row.get::<_, i64>(1) == 0,
+        Err(_) => false,
+    }
+}
+
+async fn pg_client(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    railhook_testkit::connect(url).await.context("connect for the check")
+}
+
+/// Incoming Events, Forwards and the Forwards' Attempts (`delivery_id` holds the Forward id).
+async fn read_forwards(db: &tokio_postgres::Client) -> anyhow::Result<forwards::ForwardInputs> {
+    let incoming_in_postgres = db.query("SELECT id FROM incoming_events", &[]).await?.iter().map(|r| r.get(0)).collect();
+    let forwards = db
+        .query("SELECT id, incoming_event_id, destination_id, status::text, attempt_count, timeout_seconds, created_at FROM forwards", &[])
+        .await?
+        .iter()
+        .map(|r| forwards::ForwardRow {
+            id: r.get(0),
+            incoming_event_id: r.get(1),
+            destination_id: r.get(2),
+            status: r.get(3),
+            attempt_count: r.get(4),
+            timeout_seconds: r.get(5),
+            created_at: r.get(6),
+        })
+        .collect();
+    let attempts = db
+        .query("SELECT forward_id, attempt_number, started_at, duration_ms, result, status_code FROM attempts WHERE forward_id IS NOT NULL", &[])
+        .await?
+        .iter()
+        .map(|r| checker::AttemptRow {
+            delivery_id: r.get(0),
+            attempt_number: r.get(1),
+            started_at: r.get(2),
+            duration_ms: r.get(3),
+            result: r.get(4),
+            status_code: r.get(5),
+        })
+        .collect();
+    Ok(forwards::ForwardInputs { incoming_in_postgres, forwards, attempts, ..Default::default() })
 }
 
 fn expected_count(accepted: &[checker::AcceptedEvent], subs: &[checker::SubscriptionSpec]) -> usize {
@@ -744,6 +872,7 @@ pub fn render(report: &Report) -> String {
     line("attempts", format!("{} {:?}", v.attempts_total, v.attempts_by_result));
     line("arrivals (2xx)", format!("{} ({}) {:?}", v.arrivals_total, v.arrivals_2xx, v.arrivals_by_behaviour));
     line("client", format!("{} requests, {} x 201, {} x 200 replay, {} conn-error retries, {} 5xx retries", report.client.requests, report.client.created_201, report.client.replayed_200, report.client.retried_connection_errors, report.client.retried_5xx));
+    render_forwards(report, &mut line);
     for (name, p) in &report.processes {
         line(&format!("process {name}"), format!("{} starts, {} kills, {} unexpected exits", p.starts, p.kills, p.unexpected_exits.len()));
     }
@@ -776,6 +905,36 @@ pub fn render(report: &Report) -> String {
     }
     let verdict = if v.passed { "PASSED".to_string() } else { format!("FAILED: {}", v.failures.join("; ")) };
     format!("railhook chaos report\n{out}  {verdict}\n")
+}
+
+/// The incoming direction's lines of the report.
+fn render_forwards(report: &Report, line: &mut impl FnMut(&str, String)) {
+    let f = &report.verdict.forwards;
+    let c = &report.incoming_client;
+    line("sources / destinations (flaky)", format!("{} / {} ({})", report.sources, report.destinations, report.flaky_destinations));
+    line("incoming planned / accepted", format!("{} / {} (refused {})", f.planned, f.accepted, f.refused));
+    line("incoming answers", format!("{} x 202, {} x 200; {} requests, {} conn-error retries, {} 5xx retries", c.stored_202, c.duplicate_200, c.requests, c.retried_connection_errors, c.retried_5xx));
+    line("resends answered 200 (same id) / sent", format!("{} / {} (WRONG {}, id mismatches {})", f.resends_200, f.resends, f.resends_wrong, f.id_mismatches));
+    line("incoming events in Postgres", format!("{} (accepted missing {}, never accepted {})", f.incoming_in_postgres, f.accepted_missing_in_postgres, f.incoming_not_accepted));
+    line("forwards expected / in Postgres", format!("{} / {} (UNEXPECTED {})", f.expected, f.in_postgres, f.unexpected));
+    line("forwards delivered (2xx)", format!("{} (failed for a reason {})", f.delivered, f.failed_legitimately));
+    line("FORWARDS LOST", f.lost.to_string());
+    let d = &f.duplicates;
+    line(
+        "forward duplicate arrivals",
+        format!("{} (window 8: lost response {}, worker killed {}, Postgres restart {}; UNEXPLAINED {})", d.total, d.window_8_lost_response, d.window_8_worker_killed, d.window_8_postgres_restart, d.unexplained),
+    );
+    line("forwards stuck (PENDING/PROCESSING)", f.stuck.to_string());
+    line("forward header mismatches / bad signatures", format!("{} / {}", f.header_mismatches, f.bad_signatures));
+    line("forward arrivals (2xx)", format!("{} ({}); attempts {:?}", f.arrivals_total, f.arrivals_2xx, f.attempts_by_result));
+    let in_flight: Vec<String> = f.in_flight_at_faults.iter().map(|x| format!("{:?} {}", x.kind, x.forwards_in_flight)).collect();
+    line("forwards in flight at the faults", in_flight.join(", "));
+    for example in f.lost_examples.iter().chain(&f.stuck_examples).chain(&f.header_examples).take(5) {
+        line("forward problem", example.clone());
+    }
+    for example in f.duplicate_examples.iter().take(5) {
+        line("forward duplicate", example.clone());
+    }
 }
 
 /// Writes the report as pretty JSON, creating the folder.

@@ -43,6 +43,13 @@ struct Cli {
     /// Events of each ordered burst to a flaky ordered endpoint (default 5; 4 with --quick).
     #[arg(long)]
     ordered_burst_flaky: Option<usize>,
+    /// Provider events sent to the ingress, plus a resend of every fourth (default 2000;
+    /// 100 with --quick; 0 sends none).
+    #[arg(long)]
+    incoming: Option<usize>,
+    /// Standard Webhooks Sources, with 1, 2, 1, 2, ... Destinations (default 4; 3 with --quick).
+    #[arg(long)]
+    sources: Option<usize>,
     /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -78,6 +85,12 @@ fn main() -> ExitCode {
     }
     if let Some(n) = cli.ordered_burst_flaky {
         opts.ordered_burst_flaky = n;
+    }
+    if let Some(n) = cli.incoming {
+        opts.incoming = n;
+    }
+    if let Some(n) = cli.sources {
+        opts.sources = n.max(1);
     }
     opts.keep = cli.keep;
     let out = cli.out.unwrap_or_else(|| PathBuf::from(if opts.quick { "chaos/results/quick.json" } else { "chaos/results/latest.json" }));

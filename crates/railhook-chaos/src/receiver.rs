@@ -1,6 +1,7 @@
 //! The test receiver: one HTTP/1 server on 127.0.0.1, a path per Endpoint (`/ep/<n>`). It
 //! verifies every request's Standard Webhooks signature, records every arrival by
-//! `webhook-id` (when it came, what it answered), and behaves per Endpoint: healthy, or
+//! `webhook-id` (when it came, what it answered; a Forward's `Idempotency-Key`,
+//! `X-Incoming-Event-Id` and `X-Forward-Attempt` too), and behaves per Endpoint: healthy, or
 //! flaky (500s, hangs past the Subscription's timeout, answers close to the timeout, slow
 //! bodies after a 200 status line).
 //!
@@ -74,6 +75,15 @@ pub struct Arrival {
     /// The request's `X-Sequence-Number` (ordered Subscriptions' Deliveries only).
     #[serde(default)]
     pub sequence: Option<i64>,
+    /// A Forward's `Idempotency-Key` (the Forward id, as its `webhook-id` when re-signed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// A Forward's `X-Incoming-Event-Id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incoming_event_id: Option<String>,
+    /// A Forward's `X-Forward-Attempt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward_attempt: Option<i32>,
 }
 
 impl Arrival {
@@ -224,6 +234,9 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let timestamp: i64 = header(&req, "webhook-timestamp").parse().unwrap_or(0);
     let signature = header(&req, "webhook-signature").to_string();
     let sequence = req.headers().get("x-sequence-number").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i64>().ok());
+    let optional = |name: &str| Some(header(&req, name).to_string()).filter(|v| !v.is_empty());
+    let (idempotency_key, incoming_event_id) = (optional("idempotency-key"), optional("x-incoming-event-id"));
+    let forward_attempt = optional("x-forward-attempt").and_then(|v| v.parse::<i32>().ok());
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return text(StatusCode::BAD_REQUEST, "body"),
@@ -263,6 +276,9 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
             behaviour: if verified { behaviour.name().into() } else { "bad_signature".into() },
             verified,
             sequence,
+            idempotency_key,
+            incoming_event_id,
+            forward_attempt,
         });
         arrivals.len() - 1
     };

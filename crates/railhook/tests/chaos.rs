@@ -10,6 +10,11 @@
 //! window 8 of DESIGN.md section 4, no Delivery is left PENDING or PROCESSING, the receiver
 //! applied every ordered Endpoint's Deliveries in Sequence Number order, and no ordering gap
 //! timeout fired (the run's is set above anything a fault can hold a Delivery).
+//! Provider requests to the ingress (Standard Webhooks Sources, one or two Destinations each on
+//! the receiver, some flaky) run through every fault too, with resends of accepted provider
+//! events (issue 16: "kill -9 of the worker during Forwards loses nothing"): every accepted
+//! request's Forward reaches each Destination, resends make no Forward, duplicates are window
+//! 8, nothing is stuck.
 //! The full run is `scripts/chaos`.
 
 use std::path::PathBuf;
@@ -39,5 +44,14 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     assert_eq!(v.lost, 0, "lost events:\n{text}");
     assert_eq!(v.duplicates.unexplained, 0, "unexplained duplicates:\n{text}");
     assert_eq!(v.stuck, 0, "stuck deliveries:\n{text}");
+    // The incoming direction (issue 16): Forwards under the same faults.
+    let f = &v.forwards;
+    assert_eq!(f.accepted, f.planned, "every incoming request was accepted in the end:\n{text}");
+    assert!(f.resends > 0 && f.resends_200 == f.resends, "every resend was answered 200 with the first id:\n{text}");
+    assert!(f.expected > 0 && f.delivered == f.expected, "every Forward reached its Destination:\n{text}");
+    assert_eq!(f.lost, 0, "lost Forwards:\n{text}");
+    assert_eq!(f.unexpected, 0, "Forwards beyond one per Incoming Event and Destination:\n{text}");
+    assert_eq!(f.duplicates.unexplained, 0, "unexplained Forward duplicates:\n{text}");
+    assert_eq!(f.stuck, 0, "stuck Forwards:\n{text}");
     assert!(v.passed, "verdict:\n{text}");
 }
