@@ -355,7 +355,7 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     let before2 = rx.arrival_count();
     let sending = tokio::spawn(send_burst(http.clone(), apis.clone(), key.clone(), BURST, BURST));
     eventually(Duration::from_secs(60), "a fifth of burst 2 at the receiver", || async { (rx.arrival_count() >= before2 + BURST / 5).then_some(()) }).await;
-    let (victim_pid, victim_endpoints, arrived_at_kill, killed_at) = {
+    let (victim_pid, victim_endpoints, arrived_at_kill, killed_at, mut victim_child) = {
         let a = rx.arrivals.lock().unwrap();
         let victim_pid = a.iter().rev().find(|x| x.endpoint == 0).map(|x| x.pid).unwrap();
         // Each Endpoint's latest sender: the worker holding its partition now.
@@ -367,11 +367,8 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
         let victim = pids.iter().position(|p| *p == victim_pid).expect("the hot Endpoint's sender is a worker");
         let mut child = workers[victim].take().unwrap();
         child.start_kill().unwrap();
-        let killed_at = Instant::now();
-        drop(a);
-        (victim_pid, endpoints, rx.arrival_count(), (killed_at, child))
+        (victim_pid, endpoints, a.len(), Instant::now(), child)
     };
-    let (killed_at, mut victim_child) = killed_at;
     victim_child.wait().await.unwrap();
     let survivor_pid = *pids.iter().find(|p| **p != victim_pid).unwrap();
     let survivor_ops = worker_ops[pids.iter().position(|p| *p == survivor_pid).unwrap()];
@@ -406,9 +403,11 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     for a in arrivals.iter() {
         copies.entry(a.webhook_id.as_str()).or_default().push(if a.pid == victim_pid { 'v' } else { 's' });
     }
-    let senders_of_duplicates: Vec<String> = copies.values().filter(|c| c.len() > 1).take(10).map(|c| c.iter().collect()).collect();
+    let duplicated: Vec<&Vec<char>> = copies.values().filter(|c| c.len() > 1).collect();
+    let dup_both = duplicated.iter().filter(|c| c.contains(&'v') && c.contains(&'s')).count();
+    let dup_survivor = duplicated.iter().filter(|c| !c.contains(&'v')).count();
     eprintln!(
-        "kill -9 of worker {victim_pid} (held Endpoints {:?} of {ENDPOINTS}) after {} of burst 2 arrived; first arrival of its Endpoints after the kill (session timeout {session_timeout:?}): {:?}; all {} Deliveries SUCCESS {all_done:.1?} after the kill; {} arrivals, {duplicates} duplicates ({dup_across_kill} delivered before the kill and again after it, {dup_after} twice after it; senders {senders_of_duplicates:?}); hot Endpoint at most {hot_max} in flight; survivor attempts (metrics) {survivor_attempts}; ready after {ready:.1?}, whole test {:.1?}",
+        "kill -9 of worker {victim_pid} (held Endpoints {:?} of {ENDPOINTS}) after {} of burst 2 arrived; first arrival of its Endpoints after the kill (session timeout {session_timeout:?}): {:?}; all {} Deliveries SUCCESS {all_done:.1?} after the kill; {} arrivals, {duplicates} duplicates ({dup_both} answered to the killed worker and sent again by the survivor, {dup_survivor} sent twice by the survivor; {dup_across_kill} with a copy recorded before the kill, {dup_after} with both copies after it); hot Endpoint at most {hot_max} in flight; survivor attempts (metrics) {survivor_attempts}; ready after {ready:.1?}, whole test {:.1?}",
         sorted(&victim_endpoints),
         arrived_at_kill - before2,
         firsts.iter().map(|(e, d)| format!("ep{e} {d:.2?}")).collect::<Vec<_>>(),
