@@ -94,7 +94,7 @@ pub async fn page(viewer: Viewer, State(state): State<UiState>) -> UiResult<Html
         h1 { "Relay" }
         p.hint { "The replication slot the CDC relay reads the outbox from, as " code { "railhook slot status" } " shows it. Reloading the page reads it again." }
         (slot_facts(&health))
-        h2 { "Lag over the last hour" }
+        h2 { "Lag, up to the last hour" }
         (chart(&samples, Utc::now()))
         h2 { "Walsenders" }
         (walsender_table(&walsenders, health.active_pid))
@@ -177,14 +177,30 @@ fn walsender_table(rows: &[Walsender], slot_pid: Option<i32>) -> Markup {
 const W: f64 = 600.0;
 const H: f64 = 160.0;
 
-/// `points` for a polyline of one series over the last hour ending at `now`.
-fn points(samples: &[Sample], now: DateTime<Utc>, max: f64, value: impl Fn(&Sample) -> Option<i64>) -> String {
-    let start = now - chrono::Duration::hours(1);
+/// Where the chart's time axis starts: an hour ago, or the first sample when the ring holds
+/// less than an hour (a young process).
+fn axis_start(samples: &[Sample], now: DateTime<Utc>) -> DateTime<Utc> {
+    let hour_ago = now - chrono::Duration::hours(1);
+    samples.first().map_or(hour_ago, |s| s.at.max(hour_ago)).min(now - chrono::Duration::seconds(1))
+}
+
+/// "1 hour ago", "12 min ago", "40 s ago".
+fn ago(from: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    match (now - from).num_seconds() {
+        s if s >= 3590 => "1 hour ago".into(),
+        s if s >= 120 => format!("{} min ago", s / 60),
+        s => format!("{s} s ago"),
+    }
+}
+
+/// `points` for a polyline of one series from `start` to `now`.
+fn points(samples: &[Sample], start: DateTime<Utc>, now: DateTime<Utc>, max: f64, value: impl Fn(&Sample) -> Option<i64>) -> String {
+    let span = (now - start).num_milliseconds().max(1) as f64;
     samples
         .iter()
         .filter_map(|s| {
             let v = value(s)? as f64;
-            let x = (s.at - start).num_milliseconds() as f64 / 3_600_000.0 * W;
+            let x = (s.at - start).num_milliseconds() as f64 / span * W;
             Some(format!("{:.1},{:.1}", x.clamp(0.0, W), H - (v / max).clamp(0.0, 1.0) * H))
         })
         .collect::<Vec<_>>()
@@ -200,6 +216,7 @@ pub fn chart(samples: &[Sample], now: DateTime<Utc>) -> Markup {
     let series = |s: &Sample| [s.lag_bytes, s.retained_bytes];
     let max = samples.iter().flat_map(series).flatten().max().unwrap_or(0).max(1) as f64;
     let last = samples[samples.len() - 1];
+    let start = axis_start(samples, now);
     let summary = format!(
         "{} samples; now: lag {}, retained {}; the highest {}",
         samples.len(),
@@ -211,10 +228,10 @@ pub fn chart(samples: &[Sample], now: DateTime<Utc>) -> Markup {
         figure.chart {
             svg #lag-chart role="img" aria-label=(summary) viewBox={ "0 0 " (W) " " (H + 20.0) } width=(W) height=(H + 20.0) data-samples=(samples.len()) {
                 line.axis x1="0" y1=(H) x2=(W) y2=(H) {}
-                polyline.retained fill="none" points=(points(samples, now, max, |s| s.retained_bytes)) {}
-                polyline.lag fill="none" points=(points(samples, now, max, |s| s.lag_bytes)) {}
+                polyline.retained fill="none" points=(points(samples, start, now, max, |s| s.retained_bytes)) {}
+                polyline.lag fill="none" points=(points(samples, start, now, max, |s| s.lag_bytes)) {}
                 text x="2" y="12" { (bytes(max as i64)) }
-                text x="2" y=(H + 16.0) { "1 hour ago" }
+                text x="2" y=(H + 16.0) { (ago(start, now)) }
                 text x=(W - 2.0) y=(H + 16.0) text-anchor="end" { "now" }
             }
             figcaption { span.legend-lag { "— lag" } " · " span.legend-retained { "— retained WAL" } " · " (summary) }
