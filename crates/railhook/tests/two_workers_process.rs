@@ -213,7 +213,7 @@ async fn set_up(http: &reqwest::Client, api: &str, admin_token: &str, rx: &Rx) -
 
 /// Event `i` of a burst: a third to the hot Endpoint, the rest spread over the others.
 fn event_type(i: usize) -> String {
-    let j = if i % 3 == 0 { 0 } else { 1 + i % (ENDPOINTS - 1) };
+    let j = if i.is_multiple_of(3) { 0 } else { 1 + i % (ENDPOINTS - 1) };
     format!("ep{j}.tick")
 }
 
@@ -340,7 +340,7 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     eprintln!(
         "burst 1: {} Deliveries ({} to the hot Endpoint) sent in {sent1:.1?}, all arrived after {burst1:.1?} ({:.0}/s); attempts per worker (metrics) {attempts:?}; arrivals per worker {} / {} (unknown sender {}); hot Endpoint at most {hot_max1} in flight (limit {CONCURRENCY})",
         want.len(),
-        (0..BURST).filter(|i| i % 3 == 0).count() + 1,
+        (0..BURST).filter(|i| i.is_multiple_of(3)).count() + 1,
         want.len() as f64 / burst1.as_secs_f64(),
         arr1.0,
         arr1.1,
@@ -382,7 +382,8 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     let all_done = killed_at.elapsed();
 
     let survivor_attempts = metric_sum(&http, survivor_ops, "railhook_worker_attempts_total").await;
-    let arrivals = rx.arrivals.lock().unwrap();
+    // Everything has arrived: the record, taken out of the receiver.
+    let arrivals = std::mem::take(&mut *rx.arrivals.lock().unwrap());
     // Takeover: the first arrival, after the kill, of an Endpoint the dead worker held.
     let mut firsts: Vec<(usize, Duration)> = victim_endpoints
         .iter()
@@ -393,10 +394,6 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     // later: the receiver is on a busy machine too.)
     let after_kill_from_victim = arrivals.iter().filter(|a| a.at > killed_at + Duration::from_secs(1) && a.pid == victim_pid).count();
     let duplicates = arrivals.len() - want.len();
-    let distinct_after: HashSet<&str> = arrivals[arrived_at_kill..].iter().map(|a| a.webhook_id.as_str()).collect();
-    let dup_after = arrivals.len() - arrived_at_kill - distinct_after.len();
-    let before_kill: HashSet<&str> = arrivals[..arrived_at_kill].iter().map(|a| a.webhook_id.as_str()).collect();
-    let dup_across_kill = distinct_after.intersection(&before_kill).count();
     let hot_max = rx.max_in_flight[0].load(Ordering::SeqCst);
     // Who sent each copy of a duplicate (v: the killed worker, s: the survivor).
     let mut copies: HashMap<&str, Vec<char>> = HashMap::new();
@@ -407,7 +404,7 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     let dup_both = duplicated.iter().filter(|c| c.contains(&'v') && c.contains(&'s')).count();
     let dup_survivor = duplicated.iter().filter(|c| !c.contains(&'v')).count();
     eprintln!(
-        "kill -9 of worker {victim_pid} (held Endpoints {:?} of {ENDPOINTS}) after {} of burst 2 arrived; first arrival of its Endpoints after the kill (session timeout {session_timeout:?}): {:?}; all {} Deliveries SUCCESS {all_done:.1?} after the kill; {} arrivals, {duplicates} duplicates ({dup_both} answered to the killed worker and sent again by the survivor, {dup_survivor} sent twice by the survivor; {dup_across_kill} with a copy recorded before the kill, {dup_after} with both copies after it); hot Endpoint at most {hot_max} in flight; survivor attempts (metrics) {survivor_attempts}; ready after {ready:.1?}, whole test {:.1?}",
+        "kill -9 of worker {victim_pid} (held Endpoints {:?} of {ENDPOINTS}) after {} of burst 2 arrived; first arrival of its Endpoints after the kill (session timeout {session_timeout:?}): {:?}; all {} Deliveries SUCCESS {all_done:.1?} after the kill; {} arrivals, {duplicates} duplicates ({dup_both} answered to the killed worker and sent again by the survivor, {dup_survivor} sent twice by the survivor); hot Endpoint at most {hot_max} in flight; survivor attempts (metrics) {survivor_attempts}; ready after {ready:.1?}, whole test {:.1?}",
         sorted(&victim_endpoints),
         arrived_at_kill - before2,
         firsts.iter().map(|(e, d)| format!("ep{e} {d:.2?}")).collect::<Vec<_>>(),
@@ -417,10 +414,8 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     );
     assert_eq!(after_kill_from_victim, 0, "nothing came from the killed worker after the kill");
     assert!(hot_max <= CONCURRENCY, "the hot Endpoint had {hot_max} requests in flight (limit {CONCURRENCY})");
-    assert!(victim_endpoints.contains(&0));
     let takeover = firsts.first().expect("the dead worker's Endpoints got Deliveries after the kill").1;
     assert!(takeover <= session_timeout + TAKEOVER_MARGIN, "the first Delivery of the dead worker's partitions arrived {takeover:?} after the kill (session timeout {session_timeout:?})");
-    drop(arrivals);
 
     for child in workers.iter_mut().flatten().chain(api_children.iter_mut()).chain(std::iter::once(&mut relay)) {
         child.start_kill().ok();
