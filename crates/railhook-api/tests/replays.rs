@@ -159,7 +159,7 @@ async fn one_running_replay_per_project_runs_to_completion_and_cancels() {
     assert_eq!(api.count(&q("SELECT count(*) FROM deliveries WHERE replay_id = $R")).await, 8);
     assert_eq!(api.count(&q("SELECT count(*) FROM deliveries WHERE replay_id = $R AND replay_of IS NOT NULL AND status = 'PENDING'")).await, 8);
     assert_eq!(api.count(&q("SELECT count(*) FROM outbox o JOIN deliveries d ON d.id = o.delivery_id WHERE d.replay_id = $R AND o.reason = 'replay'")).await, 8);
-    assert_eq!(api.count("SELECT count(*) FROM deliveries WHERE replay_id IS NULL").await, 8 + 0, "the originals are untouched");
+    assert_eq!(api.count("SELECT count(*) FROM deliveries WHERE replay_id IS NULL").await, 8, "the originals are untouched");
 
     // Completed: a new one may start, and be cancelled once.
     let (s, next) = api.post(&t.key, "/v1/replays", with(range(), json!({"event_types": ["user.*"]}))).await;
@@ -199,4 +199,28 @@ async fn another_projects_replay_is_not_found() {
     assert_eq!((s, still["state"].as_str()), (200, Some("running")));
     let (s, _) = api.get(&a.key, "/v1/replays/rpl_00000000000000000000000000").await;
     assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn an_ordered_subscription_gets_new_sequence_numbers_in_event_order() {
+    let api = Api::start().await;
+    let p = api.project().await;
+    let (_, ep) = api.post(&p.key, "/v1/endpoints", json!({"url": "http://127.0.0.1:9/hook"})).await;
+    let ep = ep["id"].as_str().unwrap().to_string();
+    let (s, sub) = api.post(&p.key, "/v1/subscriptions", json!({"endpoint_id": ep, "event_type": "**", "ordering": true})).await;
+    assert_eq!(s, 201, "{sub}");
+    for _ in 0..3 {
+        let (s, ev) = api.post(&p.key, "/v1/events", json!({"type": "order.paid", "payload": {}})).await;
+        assert_eq!(s, 201, "{ev}");
+    }
+    let (s, r) = api.post(&p.key, "/v1/replays", range()).await;
+    assert_eq!(s, 202, "{r}");
+    run_all(&api).await;
+    let client = api.db.client().await;
+    let rows = client
+        .query("SELECT d.sequence_number, o.sequence_number FROM deliveries d JOIN deliveries o ON o.id = d.replay_of WHERE d.replay_id IS NOT NULL ORDER BY d.sequence_number", &[])
+        .await
+        .unwrap();
+    let pairs: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(pairs, vec![(4, 1), (5, 2), (6, 3)], "new numbers after the originals, in the originals' order");
 }
