@@ -118,18 +118,24 @@ pub async fn create(Project(principal): Project, State(state): State<AppState>, 
     let client = state.pool.get().await?;
     let project = principal.project_id;
     let filter = filter(&client, project, &body, state.config.replay.max_range_days).await?;
+    if !body.dry_run {
+        if let Some(id) = replays::running(&client, project).await? {
+            return Err(already_running(id));
+        }
+    }
     let count = replays::count(&client, project, &filter).await?;
     if body.dry_run {
         return Ok(Json(DryRun { dry_run: true, count }).into_response());
     }
+    // The unique index decides a race between two requests that both passed the check.
     match replays::create(&client, project, &filter, count).await? {
         CreateOutcome::Created(r) => Ok((StatusCode::ACCEPTED, Json(r)).into_response()),
-        CreateOutcome::AlreadyRunning(id) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "replay_running",
-            format!("replay {id} is running in this project; cancel it or wait for it to complete"),
-        )),
+        CreateOutcome::AlreadyRunning(id) => Err(already_running(id)),
     }
+}
+
+fn already_running(id: ReplayId) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "replay_running", format!("replay {id} is running in this project; cancel it or wait for it to complete"))
 }
 
 #[derive(Debug, Deserialize)]

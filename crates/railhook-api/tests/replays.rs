@@ -224,3 +224,15 @@ async fn an_ordered_subscription_gets_new_sequence_numbers_in_event_order() {
     let pairs: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(pairs, vec![(4, 1), (5, 2), (6, 3)], "new numbers after the originals, in the originals' order");
 }
+
+#[tokio::test]
+async fn of_concurrent_starts_exactly_one_runs() {
+    let api = Api::start().await;
+    let t = tenant(&api).await;
+    let starts = (0..6).map(|_| api.post(&t.key, "/v1/replays", range()));
+    let answers = futures::future::join_all(starts).await;
+    let mut codes: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    codes.sort();
+    assert_eq!(codes, vec![202, 409, 409, 409, 409, 409], "{answers:?}");
+    assert_eq!(api.count("SELECT count(*) FROM replays WHERE state = 'running'").await, 1);
+}

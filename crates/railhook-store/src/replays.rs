@@ -239,12 +239,17 @@ pub async fn create<C: GenericClient + Sync>(db: &C, project: ProjectId, filter:
     if let Some(row) = row {
         return Ok(CreateOutcome::Created(replay_from(&row)?));
     }
-    let running = db.query_opt("SELECT id FROM replays WHERE project_id = $1 AND state = 'running'", &[&project]).await?;
-    match running {
-        Some(r) => Ok(CreateOutcome::AlreadyRunning(ReplayId(r.get(0)))),
+    match running(db, project).await? {
+        Some(id) => Ok(CreateOutcome::AlreadyRunning(id)),
         // It finished between the insert and the read: the caller may try again.
         None => Err(StoreError::Misconfigured("a running replay blocked the insert and then vanished".into())),
     }
+}
+
+/// The project's running Replay, if any (checked before the count, which costs more).
+pub async fn running<C: GenericClient + Sync>(db: &C, project: ProjectId) -> Result<Option<ReplayId>, StoreError> {
+    let row = db.query_opt("SELECT id FROM replays WHERE project_id = $1 AND state = 'running'", &[&project]).await?;
+    Ok(row.map(|r| ReplayId(r.get(0))))
 }
 
 /// The given Endpoint ids that are not Endpoints of `project`.
