@@ -87,6 +87,8 @@ pub struct IncomingSending {
     pub stats: Mutex<IncomingStats>,
     /// Accepted provider events not resent yet (by request index).
     resend_queue: Mutex<VecDeque<usize>>,
+    /// Provider events sent in the bursts around the faults (on top of the stream's).
+    pub burst_events: std::sync::atomic::AtomicUsize,
 }
 
 impl IncomingSending {
@@ -122,9 +124,30 @@ pub async fn send_all(api: &Api, tenancy: &IncomingTenancy, run: &str, count: us
             } else {
                 (i - i / (RESEND_EVERY + 1), false)
             };
-            if k < count {
+            if k < count || resend {
                 send_one(api, tenancy, run, k, resend, give_up, &sending).await;
             }
+        }
+    });
+    futures::future::join_all(workers).await;
+}
+
+/// A burst around a fault: provider events `first..first + n` sent as fast as the API takes
+/// them over `concurrency` connections, each accepted one counted in `progress`.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_burst(api: &Api, tenancy: &IncomingTenancy, run: &str, first: usize, n: usize, concurrency: usize, give_up_after: Duration, sending: &IncomingSending, progress: &std::sync::atomic::AtomicUsize) {
+    use std::sync::atomic::Ordering::SeqCst;
+    sending.burst_events.fetch_add(n, SeqCst);
+    let next = std::sync::atomic::AtomicUsize::new(first);
+    let give_up = Instant::now() + give_up_after;
+    let workers = (0..concurrency.max(1)).map(|_| async {
+        loop {
+            let k = next.fetch_add(1, SeqCst);
+            if k >= first + n {
+                return;
+            }
+            send_one(api, tenancy, run, k, false, give_up, sending).await;
+            progress.fetch_add(1, SeqCst);
         }
     });
     futures::future::join_all(workers).await;

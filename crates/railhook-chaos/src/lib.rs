@@ -101,6 +101,10 @@ pub struct Options {
     /// Provider events sent to the ingress during the send phase (plus a resend of every
     /// `incoming::RESEND_EVERY`-th), spread over the same time as the paced events.
     pub incoming: usize,
+    /// Provider events sent to the ingress as fast as it takes them around each fault (the
+    /// fault waits for half of them with the ordered burst's half), so that every fault hits
+    /// Forwards in flight.
+    pub incoming_burst: usize,
     /// Standard Webhooks Sources; Source `s` has `1 + s % 2` Destinations, every other
     /// Destination flaky.
     pub sources: usize,
@@ -125,6 +129,7 @@ impl Options {
             ordered_burst: 20,
             ordered_burst_flaky: 4,
             incoming: 100,
+            incoming_burst: 10,
             sources: 3,
         }
     }
@@ -148,6 +153,7 @@ impl Options {
             ordered_burst: 25,
             ordered_burst_flaky: 5,
             incoming: 2_000,
+            incoming_burst: 20,
             sources: 4,
         }
     }
@@ -243,6 +249,8 @@ pub struct Report {
     pub destinations: usize,
     pub flaky_destinations: usize,
     pub incoming_client: incoming::IncomingStats,
+    /// Provider events sent in the bursts around the faults (on top of `Options::incoming`).
+    pub incoming_burst_events: usize,
     pub drained: bool,
     pub timings: Timings,
     /// Logs, configuration and the receiver's log (kept when the run failed or `keep`).
@@ -471,7 +479,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         })
         .collect();
     let tenancy = client::set_up(&api, ADMIN_TOKEN, &plans, &RETRY_DELAYS, MAX_ATTEMPTS).await?;
-    let incoming_tenancy = incoming::set_up(&api, &tenancy.api_key, &destination_plans(opts, &endpoints, ports.receiver)).await?;
+    let incoming_tenancy = Arc::new(incoming::set_up(&api, &tenancy.api_key, &destination_plans(opts, &endpoints, ports.receiver)).await?);
     let setup_s = t0.elapsed().as_secs_f64();
     eprintln!("railhook-chaos: set up in {setup_s:.1} s; sending");
 
@@ -481,6 +489,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let plan = plan_faults(opts);
     let run_tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let ordered_endpoints: Vec<usize> = (0..opts.endpoints).filter(|j| is_ordered(*j)).collect();
+    let incoming_sending = Arc::new(incoming::IncomingSending::default());
     let bursts = Bursts {
         api: api.clone(),
         key: tenancy.api_key.clone(),
@@ -493,9 +502,9 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
             })
             .collect(),
         first_index: opts.events,
+        incoming: IncomingBursts { tenancy: incoming_tenancy.clone(), sending: incoming_sending.clone(), size: opts.incoming_burst, first_index: opts.incoming },
     };
     let client_done = tokio_util::sync::CancellationToken::new();
-    let incoming_sending = Arc::new(incoming::IncomingSending::default());
     let send_incoming = async {
         // Over the paced stream's time (slightly less, so it ends with it).
         let (send_time, slots) = (opts.events as f64 / opts.rate, opts.incoming + opts.incoming / incoming::RESEND_EVERY);
@@ -555,7 +564,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut verdict = checker::check(&inputs);
     let in_postgres = read_forwards(&pg_client(&db_url).await?).await?;
     let forward_inputs = forwards::ForwardInputs {
-        planned: opts.incoming,
+        planned: opts.incoming + incoming_sending.burst_events.load(Ordering::SeqCst),
         requests: incoming_sending.answered.lock().unwrap().clone(),
         refused: incoming_sending.refused.lock().unwrap().clone(),
         destinations: incoming_tenancy.destinations.clone(),
@@ -588,6 +597,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         destinations: incoming_tenancy.destinations.len(),
         flaky_destinations: (0..incoming_tenancy.destinations.len()).filter(|d| destination_profile(*d) != Profile::Healthy).count(),
         incoming_client: incoming_sending.stats.lock().unwrap().clone(),
+        incoming_burst_events: incoming_sending.burst_events.load(Ordering::SeqCst),
         drained,
         timings: Timings { setup_s, send_s, drain_s, check_s, total_s: t0.elapsed().as_secs_f64() },
         run_dir: keep.then(|| dir.clone()),
@@ -721,6 +731,16 @@ struct Bursts {
     types: Vec<Vec<String>>,
     /// Event index of the first burst event (after the paced stream's).
     first_index: usize,
+    incoming: IncomingBursts,
+}
+
+/// The incoming bursts: before each fault, `size` provider events to the ingress.
+struct IncomingBursts {
+    tenancy: Arc<incoming::IncomingTenancy>,
+    sending: Arc<incoming::IncomingSending>,
+    size: usize,
+    /// Request index of the first burst request (after the stream's).
+    first_index: usize,
 }
 
 /// Injects the planned faults in order, each once the client has had that many events
@@ -743,7 +763,7 @@ async fn inject(
     let mut outages = Vec::new();
     let mut burst_tasks = Vec::new();
     let mut next_index = bursts.first_index;
-    for fault in plan {
+    for (fault_no, fault) in plan.iter().enumerate() {
         // Spacing: the fault waits for its point in the send phase.
         loop {
             let accepted = sending.accepted_count.load(Ordering::SeqCst);
@@ -771,7 +791,9 @@ async fn inject(
                 client::send_burst(&api, &key, &run, first, types, concurrency, Duration::from_secs(600), sending, progress).await;
             }));
         }
-        let _ = wait_for(Duration::from_secs(15), "half of the ordered burst", || {
+        burst_size += bursts.incoming.size;
+        burst_tasks.push(incoming_burst(bursts, opts, fault_no, progress.clone()));
+        let _ = wait_for(Duration::from_secs(15), "half of the ordered and incoming bursts", || {
             let progress = progress.clone();
             async move { progress.load(Ordering::SeqCst) * 2 >= burst_size }
         })
@@ -829,6 +851,16 @@ async fn inject(
         let _ = task.await;
     }
     (records, next_index - bursts.first_index)
+}
+
+/// Fault `fault_no`'s incoming burst, spawned.
+fn incoming_burst(bursts: &Bursts, opts: &Options, fault_no: usize, progress: Arc<std::sync::atomic::AtomicUsize>) -> tokio::task::JoinHandle<()> {
+    let b = &bursts.incoming;
+    let (api, run, tenancy, sending) = (bursts.api.clone(), bursts.run.clone(), b.tenancy.clone(), b.sending.clone());
+    let (first, n, concurrency) = (b.first_index + fault_no * b.size, b.size, opts.concurrency);
+    tokio::spawn(async move {
+        incoming::send_burst(&api, &tenancy, &run, first, n, concurrency, Duration::from_secs(600), &sending, &progress).await;
+    })
 }
 
 /// The report as text.
@@ -912,7 +944,7 @@ fn render_forwards(report: &Report, line: &mut impl FnMut(&str, String)) {
     let f = &report.verdict.forwards;
     let c = &report.incoming_client;
     line("sources / destinations (flaky)", format!("{} / {} ({})", report.sources, report.destinations, report.flaky_destinations));
-    line("incoming planned / accepted", format!("{} / {} (refused {})", f.planned, f.accepted, f.refused));
+    line("incoming planned / accepted", format!("{} / {} ({} in bursts; refused {})", f.planned, f.accepted, report.incoming_burst_events, f.refused));
     line("incoming answers", format!("{} x 202, {} x 200; {} requests, {} conn-error retries, {} 5xx retries", c.stored_202, c.duplicate_200, c.requests, c.retried_connection_errors, c.retried_5xx));
     line("resends answered 200 (same id) / sent", format!("{} / {} (WRONG {}, id mismatches {})", f.resends_200, f.resends, f.resends_wrong, f.id_mismatches));
     line("incoming events in Postgres", format!("{} (accepted missing {}, never accepted {})", f.incoming_in_postgres, f.accepted_missing_in_postgres, f.incoming_not_accepted));

@@ -47,6 +47,10 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     // The incoming direction (issue 16): Forwards under the same faults.
     let f = &v.forwards;
     assert_eq!(f.accepted, f.planned, "every incoming request was accepted in the end:\n{text}");
+    // Every fault (the worker's kill -9 first) hit Forwards in flight (created, not yet answered 2xx).
+    for x in &f.in_flight_at_faults {
+        assert!(x.forwards_in_flight > 0, "{:?} hit no Forward in flight:\n{text}", x.kind);
+    }
     assert!(f.resends > 0 && f.resends_200 == f.resends, "every resend was answered 200 with the first id:\n{text}");
     assert!(f.expected > 0 && f.delivered == f.expected, "every Forward reached its Destination:\n{text}");
     assert_eq!(f.lost, 0, "lost Forwards:\n{text}");
