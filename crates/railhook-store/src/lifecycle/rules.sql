@@ -12,11 +12,9 @@
 -- Locks: every project lock of the batch in key order, then every endpoint lock in key
 -- order (seeds 7061 and 6570: railhook_store::locks), so two batches cannot deadlock. A
 -- row is claimed (or deferred) only if, after the locks, it is still PENDING, due, and
--- carries the hint's token. The common case (unordered, enabled endpoint, closed circuit, no
--- rate limit) is claimed first, set-based, in the order given while the counts leave room;
--- every other claim is then decided as a claim on its own would be, in the order given, so
--- a later claim of the batch sees the earlier ones (counts, rate windows, the half-open
--- probe).
+-- carries the hint's token. Each claim is decided as a claim on its own would be, in the
+-- order given, so a later claim of the batch sees the earlier ones (counts, rate windows,
+-- the half-open probe).
 --
 -- Admission, in this order; the first that applies is the Deferral's reason, and the
 -- Delivery stays PENDING, due again at the time given, with no Attempt spent:
@@ -69,7 +67,6 @@ DECLARE
     gap boolean;
     pred_status delivery_status;
     pred_parked timestamptz;
-    fast integer[];
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -96,53 +93,8 @@ BEGIN
         PERFORM pg_advisory_xact_lock(k);
     END LOOP;
 
-    -- The common case, set-based: an unordered Delivery of an enabled endpoint without a
-    -- rate limit, whose circuit is closed, in a project without a rate limit. Admitted in the
-    -- batch's order while the endpoint's and then the project's PROCESSING counts leave room,
-    -- and claimed in one UPDATE. Everything else (and whatever this leaves unclaimed) is
-    -- decided row by row below, after these claims, which the counts there see.
-    -- EXECUTE: planned for each batch. A plan cached while the tables were small (a new
-    -- database) joins by a sequential scan of deliveries and kept doing so as they grew
-    -- (the bench's clean-database phases: 72 ms per batch, until autoanalyze).
-    EXECUTE $fast$
-    WITH req AS (
-        SELECT t.i::integer AS i, t.id, t.token, t.hint
-        FROM unnest($1, $2, $3) WITH ORDINALITY AS t(id, token, hint, i)
-    ), cand AS (
-        SELECT r.i, r.id, r.token, r.hint, dl.project_id, dl.endpoint_id
-        FROM req r
-        JOIN deliveries dl ON dl.id = r.id AND dl.status = 'PENDING'
-             AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
-             AND dl.claim_token IS NOT DISTINCT FROM r.hint
-        JOIN endpoints ep ON ep.id = dl.endpoint_id AND ep.enabled AND coalesce(ep.rate_limit_per_second, 0) <= 0
-        LEFT JOIN endpoint_circuits ci ON ci.endpoint_id = dl.endpoint_id
-        WHERE dl.sequence_number IS NULL AND coalesce(ci.state, 'closed') = 'closed' AND $4 <= 0
-    ), endpoint_room AS (
-        SELECT c.*, row_number() OVER (PARTITION BY c.endpoint_id ORDER BY c.i) AS rank,
-               (SELECT count(*) FROM deliveries x
-                WHERE x.project_id = c.project_id AND x.endpoint_id = c.endpoint_id AND x.status = 'PROCESSING') AS running
-        FROM cand c
-    ), project_room AS (
-        SELECT e.i, e.id, e.token, e.hint, row_number() OVER (PARTITION BY e.project_id ORDER BY e.i) AS rank,
-               (SELECT count(*) FROM deliveries x WHERE x.project_id = e.project_id AND x.status = 'PROCESSING') AS running
-        FROM endpoint_room e
-        WHERE $5 <= 0 OR e.running + e.rank <= $5
-    ), claimed AS (
-        UPDATE deliveries dl SET status = 'PROCESSING', claim_token = a.token, claimed_at = now(), updated_at = now()
-        FROM project_room a
-        WHERE ($6 <= 0 OR a.running + a.rank <= $6)
-          AND dl.id = a.id AND dl.status = 'PENDING' AND dl.claim_token IS NOT DISTINCT FROM a.hint
-        RETURNING a.i
-    )
-    SELECT coalesce(array_agg(claimed.i), '{}') FROM claimed
-    $fast$ INTO fast
-    USING p_deliveries, p_tokens, p_hints, p_project_rate, p_endpoint_concurrency, p_project_concurrency;
 
     FOR i IN 1 .. cardinality(p_deliveries) LOOP
-        IF i = ANY (fast) THEN
-            idx := i; outcome := 'claimed'; RETURN NEXT;
-            CONTINUE;
-        END IF;
         reason := NULL;
         defer_until := NULL;
         ep_rate := NULL;
