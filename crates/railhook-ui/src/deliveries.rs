@@ -121,11 +121,14 @@ pub async fn list(viewer: Viewer, State(state): State<UiState>, Query(f): Query<
     if !event_type.is_empty() {
         EventType::parse(event_type).map_err(|e| UiError::bad_request(format!("Event type: {e}")))?;
     }
-    let client = state.pool.get().await?;
-    let rows: Vec<DeliveryRow> = if event_type.is_empty() {
-        deliveries::list_deliveries(&**client, project, &filter).await?.into_iter().map(DeliveryRow::from).collect()
-    } else {
-        query::deliveries_by_type(&**client, project, ByType { event_type, filter: &filter }).await?
+    let mut client = state.pool.get().await?;
+    let mut filter = filter;
+    let rows: Vec<DeliveryRow> = match start_of_status(&mut client, project, &filter).await? {
+        Some(None) => Vec::new(),
+        bound => {
+            filter.after = filter.after.max(bound.flatten().map(ids_from));
+            fetch(&client, project, event_type, &filter).await?
+        }
     };
     let (rows, next) = paginate(rows, LIMIT, |d| d.id.to_string());
     let body = html! {
@@ -135,6 +138,24 @@ pub async fn list(viewer: Viewer, State(state): State<UiState>, Query(f): Query<
         (next_page("/ui/deliveries", &f.encoded(), "cursor", next))
     };
     Ok(page::frame(&viewer, "/ui/deliveries", "Deliveries", body))
+}
+
+/// For a PENDING or PROCESSING filter, the oldest such Delivery's creation (see
+/// [`query::oldest_of`]).
+async fn start_of_status(client: &mut deadpool_postgres::Client, project: railhook_core::ProjectId, filter: &DeliveryFilter) -> UiResult<Option<Option<DateTime<Utc>>>> {
+    match filter.status {
+        Some(status) => query::oldest_of(client, project, status).await,
+        None => Ok(None),
+    }
+}
+
+/// One page of the list: the store's list, or by event type the dashboard's own query.
+async fn fetch(client: &deadpool_postgres::Client, project: railhook_core::ProjectId, event_type: &str, filter: &DeliveryFilter) -> UiResult<Vec<DeliveryRow>> {
+    Ok(if event_type.is_empty() {
+        deliveries::list_deliveries(&***client, project, filter).await?.into_iter().map(DeliveryRow::from).collect()
+    } else {
+        query::deliveries_by_type(&***client, project, ByType { event_type, filter }).await?
+    })
 }
 
 fn filter_form(f: &Filters) -> Markup {
