@@ -129,7 +129,7 @@ impl Options {
             ordered_burst: 20,
             ordered_burst_flaky: 4,
             incoming: 100,
-            incoming_burst: 10,
+            incoming_burst: 20,
             sources: 3,
         }
     }
@@ -791,11 +791,13 @@ async fn inject(
                 client::send_burst(&api, &key, &run, first, types, concurrency, Duration::from_secs(600), sending, progress).await;
             }));
         }
-        burst_size += bursts.incoming.size;
-        burst_tasks.push(incoming_burst(bursts, opts, fault_no, progress.clone()));
+        // Each half on its own: the fault then hits Forwards just created as well.
+        let incoming_progress = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        burst_tasks.push(incoming_burst(bursts, opts, fault_no, incoming_progress.clone()));
         let _ = wait_for(Duration::from_secs(15), "half of the ordered and incoming bursts", || {
-            let progress = progress.clone();
-            async move { progress.load(Ordering::SeqCst) * 2 >= burst_size }
+            let (progress, incoming) = (progress.clone(), incoming_progress.clone());
+            let incoming_size = bursts.incoming.size;
+            async move { progress.load(Ordering::SeqCst) * 2 >= burst_size && incoming.load(Ordering::SeqCst) * 2 >= incoming_size }
         })
         .await;
         let at_accepted = sending.accepted_count.load(Ordering::SeqCst);

@@ -47,6 +47,10 @@ struct Cli {
     /// 100 with --quick; 0 sends none).
     #[arg(long)]
     incoming: Option<usize>,
+    /// Provider events sent around each fault as fast as the ingress takes them (default 20, also
+    /// with --quick).
+    #[arg(long)]
+    incoming_burst: Option<usize>,
     /// Standard Webhooks Sources, with 1, 2, 1, 2, ... Destinations (default 4; 3 with --quick).
     #[arg(long)]
     sources: Option<usize>,
@@ -88,6 +92,9 @@ fn main() -> ExitCode {
     }
     if let Some(n) = cli.incoming {
         opts.incoming = n;
+    }
+    if let Some(n) = cli.incoming_burst {
+        opts.incoming_burst = n;
     }
     if let Some(n) = cli.sources {
         opts.sources = n.max(1);
