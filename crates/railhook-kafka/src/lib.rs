@@ -34,6 +34,25 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     config
 }
 
+/// The worker's consumers: how soon a dead worker's partitions move to the others. Without
+/// a setting librdkafka's default session timeout (45 s) applies, so a worker killed with
+/// kill -9 would leave its Endpoints' hints unread for about 45 s; Railhook defaults to 10 s
+/// with a heartbeat every 3 s (Kafka's brokers accept 6 s and up by default). Either can be
+/// set in `kafka.properties`, which wins.
+pub const SESSION_TIMEOUT_MS: &str = "10000";
+pub const HEARTBEAT_INTERVAL_MS: &str = "3000";
+
+pub fn consumer_config(kafka: &KafkaConfig, group_id: &str) -> ClientConfig {
+    let mut config = client_config(kafka);
+    config.set("group.id", group_id);
+    for (key, default) in [("session.timeout.ms", SESSION_TIMEOUT_MS), ("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS)] {
+        if !kafka.properties.contains_key(key) {
+            config.set(key, default);
+        }
+    }
+    config
+}
+
 /// Producer settings the relay's guarantees rest on: idempotence (no duplicates or
 /// reordering from internal retries), `acks=all`, and a bounded local queue so a stalled
 /// cluster becomes backpressure instead of memory growth.

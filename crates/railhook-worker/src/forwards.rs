@@ -436,8 +436,7 @@ pub fn parse_hint(key: &[u8], payload: &[u8]) -> Option<(ForwardId, Option<Claim
 
 fn subscribe(config: &Config) -> Result<StreamConsumer, WorkerError> {
     let topic = config.forwards_topic();
-    let consumer: StreamConsumer = railhook_kafka::client_config(&config.kafka)
-        .set("group.id", format!("{}.forwards", config.worker.group_id))
+    let consumer: StreamConsumer = railhook_kafka::consumer_config(&config.kafka, &format!("{}.forwards", config.worker.group_id))
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")

@@ -69,18 +69,40 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     // Replays (the Time Machine): bounded batches below live traffic (crate::replays).
     jobs.spawn(replays::run(runner.pool.clone(), config.replay.clone(), background.clone()));
-    // The incoming direction: its own consume loop and sweeps (crate::forwards); stops with
-    // the Deliveries' consumer.
-    let (fwd_config, fwd_pool, fwd_sender, fwd_metrics, fwd_stop) = (config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), shutdown.clone());
-    jobs.spawn(async move {
-        if let Err(e) = forwards::serve(fwd_config, fwd_pool, fwd_sender, fwd_metrics, fwd_stop).await {
-            tracing::error!(error = %error::chain(&e), "the Forwards consumer stopped");
+    // The incoming direction: its own consume loop (crate::forwards). The two consumers stop
+    // together: a Forwards consumer that stops on an error stops the Deliveries' (drained as
+    // at shutdown) and the worker, so a supervisor sees it, as it would for the Deliveries'.
+    let consumers = shutdown.child_token();
+    let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), consumers.clone()));
+    let outgoing = consume(&config, &topic, runner, consumers.clone());
+    tokio::pin!(outgoing);
+    let result = tokio::select! {
+        result = &mut outgoing => {
+            consumers.cancel();
+            let ended = (&mut incoming).await;
+            result.and(forwards_ended(ended))
         }
-    });
-    let result = consume(&config, &topic, runner, shutdown.clone()).await;
+        ended = &mut incoming => {
+            consumers.cancel();
+            let result = outgoing.await;
+            forwards_ended(ended).and(result)
+        }
+    };
     background.cancel();
     while jobs.join_next().await.is_some() {}
     result
+}
+
+/// How the Forwards consumer's task ended, as the worker's result.
+fn forwards_ended(ended: Result<Result<(), WorkerError>, tokio::task::JoinError>) -> Result<(), WorkerError> {
+    match ended {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::error!(error = %error::chain(&e), "the Forwards consumer stopped");
+            Err(e)
+        }
+        Err(e) => Err(WorkerError::new(error::ErrorKind::Misconfigured, "the Forwards consumer's task failed", Some(Arc::new(e)))),
+    }
 }
 
 fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, WorkerError> {
@@ -94,8 +116,7 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
 }
 
 fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
-    let consumer: StreamConsumer = railhook_kafka::client_config(&config.kafka)
-        .set("group.id", &config.worker.group_id)
+    let consumer: StreamConsumer = railhook_kafka::consumer_config(&config.kafka, &config.worker.group_id)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
