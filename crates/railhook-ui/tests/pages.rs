@@ -395,3 +395,42 @@ async fn the_operator_sees_the_slot_on_the_relay_page() {
     assert!(page.body.contains("wal_status") && page.body.contains("missing") && page.body.contains("id=\"current-lsn\""), "{}", page.body);
     assert!(!page.body.contains(" style="), "no inline style");
 }
+
+/// The lists that start their id-order scan at a bound (creation time, the oldest PENDING or
+/// PROCESSING) still show every match, the oldest included.
+#[tokio::test]
+async fn status_and_time_filtered_lists_miss_nothing() {
+    let ui = Ui::new().await;
+    let (project, key) = ui.project("Shop").await;
+    let client = ui.pool.get().await.unwrap();
+    let headers = Default::default();
+    let secret = railhook_core::EndpointSecret::generate();
+    let new = NewEndpoint { url: "http://127.0.0.1:9/hook", description: "e", enabled: true, rate_limit_per_second: None, headers: &headers, secret: secret.as_str() };
+    let endpoint = endpoints::create_endpoint(&**client, project, new).await.unwrap().id;
+    let mut ids = std::collections::HashMap::new();
+    for status in ["PENDING", "SUCCESS", "PROCESSING", "PENDING2"] {
+        let row = client
+            .query_one(
+                "WITH ev AS (INSERT INTO events (id, project_id, event_type, payload) VALUES (railhook_uuid_v7(), $1, 'order.paid', '{}') RETURNING id)
+                 INSERT INTO deliveries (id, project_id, event_id, endpoint_id, status, max_attempts, retry_delays, timeout_seconds, next_retry_at)
+                 SELECT railhook_uuid_v7(), $1, ev.id, $2, $3::text::delivery_status, 5, '{1}', 30, now() FROM ev RETURNING id",
+                &[&project.0, &endpoint.0, &status.trim_end_matches('2')],
+            )
+            .await
+            .unwrap();
+        ids.insert(status, DeliveryId(row.get(0)).to_string());
+    }
+    let session = ui.sign_in(&key).await;
+    let pending = ui.get("/ui/deliveries?status=PENDING", &session).await;
+    assert!(pending.body.contains(&ids["PENDING"]) && pending.body.contains(&ids["PENDING2"]), "{}", pending.body);
+    assert!(!pending.body.contains(&ids["SUCCESS"]));
+    let processing = ui.get("/ui/deliveries?status=PROCESSING", &session).await;
+    assert!(processing.body.contains(&ids["PROCESSING"]) && !processing.body.contains(&ids["PENDING"]));
+    let hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).format("%Y-%m-%dT%H:%M").to_string();
+    let recent = ui.get(&format!("/ui/deliveries?created_after={hour_ago}"), &session).await;
+    assert_eq!(ids.values().filter(|id| recent.body.contains(id.as_str())).count(), 4, "{}", recent.body);
+    let later = (chrono::Utc::now() + chrono::Duration::minutes(2)).format("%Y-%m-%dT%H:%M").to_string();
+    assert!(ui.get(&format!("/ui/deliveries?created_after={later}"), &session).await.body.contains("No Delivery matches"));
+    client.execute("UPDATE deliveries SET status = 'SUCCESS' WHERE status = 'PROCESSING'", &[]).await.unwrap();
+    assert!(ui.get("/ui/deliveries?status=PROCESSING", &session).await.body.contains("No Delivery matches"));
+}
