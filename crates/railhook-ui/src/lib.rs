@@ -34,6 +34,7 @@ mod page;
 mod projects;
 mod query;
 pub mod relay;
+mod replays;
 mod sources;
 pub mod session;
 
@@ -75,6 +76,10 @@ pub fn router(state: UiState) -> Router {
         .route("/ui/failed-messages/retry", post(failed::retry))
         .route("/ui/endpoints", get(endpoints::list))
         .route("/ui/endpoints/{id}/rotate-secret", post(endpoints::rotate_secret))
+        .route("/ui/replays", get(replays::list).post(replays::create))
+        .route("/ui/replays/estimate", get(replays::estimate))
+        .route("/ui/replays/{id}", get(replays::detail))
+        .route("/ui/replays/{id}/cancel", post(replays::cancel))
         .route("/ui/sources", get(sources::list))
         .route("/ui/sources/{id}", get(sources::detail))
         .route("/ui/incoming", get(incoming::list))

@@ -1,8 +1,8 @@
 //! The frame every page shares: skip link, header, navigation, sign-out; and the small
 //! pieces pages repeat (times, status badges, the next-page link).
 //!
-//! The navigation is one table, [`SECTIONS`]: a later page (Replays, Incoming, Relay)
-//! joins it with one line and its route in `lib.rs`.
+//! The navigation is one table, [`SECTIONS`]: a later page joins it with one line and its
+//! routes in `lib.rs`.
 
 use axum::response::Html;
 use chrono::{DateTime, Utc};
@@ -20,13 +20,13 @@ pub struct Section {
     pub operator_only: bool,
 }
 
-/// The navigation, in order. Replays, Incoming Events and the relay's status come later,
-/// each as one more entry here.
+/// The navigation, in order: the outgoing direction, the incoming one, the operator's pages.
 pub const SECTIONS: &[Section] = &[
     Section { path: "/ui/", label: "Overview", operator_only: false },
     Section { path: "/ui/deliveries", label: "Deliveries", operator_only: false },
     Section { path: "/ui/failed-messages", label: "Failed Messages", operator_only: false },
     Section { path: "/ui/endpoints", label: "Endpoints", operator_only: false },
+    Section { path: "/ui/replays", label: "Time Machine", operator_only: false },
     Section { path: "/ui/sources", label: "Sources", operator_only: false },
     Section { path: "/ui/incoming", label: "Incoming Events", operator_only: false },
     Section { path: "/ui/failed-forwards", label: "Failed Forwards", operator_only: false },
