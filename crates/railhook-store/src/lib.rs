@@ -1,5 +1,6 @@
 //! Railhook's Postgres access. SQL lives next to the code that runs it.
 
+pub mod attempts;
 pub mod connection;
 pub mod deliveries;
 pub mod endpoints;

@@ -202,6 +202,17 @@ pub fn forward_headers(forward: &ForwardToSend, number: i32, timestamp: i64) -> 
     headers
 }
 
+/// The headers of a Forward's request as its Attempt records them: the Destination's auth
+/// header (`Authorization`, or its custom header) redacted, and every credential
+/// [`http::recorded_headers`] knows by name (a provider's `X-Gitlab-Token` among them).
+pub fn recorded_headers(forward: &ForwardToSend, sent: &[(String, String)]) -> serde_json::Value {
+    let custom = match &forward.destination.auth {
+        DestinationAuth::Header { name, .. } => Some(name.as_str()),
+        _ => None,
+    };
+    http::recorded_headers(sent, custom.as_slice())
+}
+
 fn request(forward: &ForwardToSend, number: i32) -> OutgoingRequest {
     OutgoingRequest {
         url: forward.destination.url.clone(),
@@ -336,9 +347,11 @@ impl Forwarder {
         let f = &claimed.forward;
         let number = f.attempt_count + 1;
         self.metrics.in_flight.inc();
+        let outgoing = request(f, number);
+        let request_headers = recorded_headers(f, &outgoing.headers);
         // Nothing but the HTTP request in this future.
         let outcome = tokio::select! {
-            outcome = self.sender.send(request(f, number)) => Some(outcome),
+            outcome = self.sender.send(outgoing) => Some(outcome),
             _ = hard_stop.cancelled() => None,
         };
         self.metrics.in_flight.dec();
@@ -358,7 +371,7 @@ impl Forwarder {
             number,
             next,
             last_error: last_error(&verdict, &outcome),
-            attempt: record(&outcome),
+            attempt: record(&outcome, request_headers),
         };
         if !self.finalise(request).await? {
             self.metrics.fence_lost.inc();
@@ -400,13 +413,16 @@ impl Forwarder {
     }
 }
 
-fn record(outcome: &AttemptOutcome) -> AttemptRecord {
+/// The Attempt as recorded; `request_headers` from [`recorded_headers`] (the Destination's
+/// auth redacted).
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
     AttemptRecord {
         started_at: outcome.started_at,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),
         error_message: outcome.error_message.clone(),
+        request_headers,
         response_headers: outcome.response_headers.clone(),
         response_body: outcome.response_body.clone(),
         response_truncated: outcome.response_truncated,

@@ -108,6 +108,46 @@ pub fn webhook_headers(
     headers
 }
 
+/// What an Attempt's record shows in place of a credential's value.
+pub const REDACTED: &str = "<redacted>";
+
+/// Whether a request header's value is a credential that the attempt log must not keep:
+/// `Authorization`, `Proxy-Authorization`, `Cookie`, and any name that speaks of a token, a
+/// secret, a password, a key or auth (`X-Api-Key`, `X-Auth-Token`, `X-Gitlab-Token`, ...).
+/// Signatures are not credentials (they prove one request, and the receiver needs to see what
+/// was checked), so `webhook-signature` and the providers' signature headers are kept.
+pub fn is_credential_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    if matches!(name.as_str(), "authorization" | "proxy-authorization" | "cookie") {
+        return true;
+    }
+    // Railhook's own Forward header: the Forward id, not a credential.
+    name != "idempotency-key" && ["token", "secret", "password", "passwd", "key", "auth", "session", "credential"].iter().any(|w| name.contains(w))
+}
+
+/// The request headers as the attempt log keeps them: a JSON object of lower-case name to
+/// value (a repeated name's values joined with ", "), with the value of every credential
+/// ([`is_credential_header`], and each name in `also_secret`, compared case-insensitively)
+/// replaced by [`REDACTED`].
+pub fn recorded_headers(headers: &[(String, String)], also_secret: &[&str]) -> serde_json::Value {
+    let mut recorded = serde_json::Map::new();
+    for (name, value) in headers {
+        let name = name.to_ascii_lowercase();
+        let secret = is_credential_header(&name) || also_secret.iter().any(|s| s.eq_ignore_ascii_case(&name));
+        let value = if secret { REDACTED.to_owned() } else { bounded(value.replace('\0', "\u{FFFD}"), MAX_HEADER_VALUE_BYTES) };
+        match recorded.get_mut(&name) {
+            Some(serde_json::Value::String(joined)) => {
+                joined.push_str(", ");
+                joined.push_str(&value);
+            }
+            _ => {
+                recorded.insert(name, value.into());
+            }
+        }
+    }
+    serde_json::Value::Object(recorded)
+}
+
 /// One Attempt's request: always a POST.
 #[derive(Debug, Clone)]
 pub struct OutgoingRequest {
@@ -657,6 +697,32 @@ mod tests {
         let (text, cut) = body_text(&vec![0xFF; BODY_CAP]);
         assert!(text.len() <= BODY_CAP && cut);
         assert_eq!(body_text(b"a\0b").0, "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn recorded_headers_keep_signatures_and_redact_credentials() {
+        let sent: Vec<(String, String)> = [
+            ("webhook-id", "dlv_1"),
+            ("webhook-signature", "v1,abc="),
+            ("Authorization", "Bearer s3cret"),
+            ("X-Api-Key", "k"),
+            ("X-Gitlab-Token", "t"),
+            ("Idempotency-Key", "fwd_1"),
+            ("X-Custom", "a"),
+            ("x-custom", "b"),
+            ("X-Partner", "visible"),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect();
+        let recorded = recorded_headers(&sent, &["x-partner"]);
+        assert_eq!(
+            recorded,
+            serde_json::json!({
+                "webhook-id": "dlv_1", "webhook-signature": "v1,abc=", "authorization": REDACTED, "x-api-key": REDACTED,
+                "x-gitlab-token": REDACTED, "idempotency-key": "fwd_1", "x-custom": "a, b", "x-partner": REDACTED,
+            })
+        );
     }
 
     #[test]

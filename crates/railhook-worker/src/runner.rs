@@ -298,6 +298,7 @@ impl Runner {
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
     async fn attempt(&self, claimed: Claimed, hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
         let request = self.request(&claimed);
+        let request_headers = http::recorded_headers(&request.headers, &[]);
         // Invariant 1: nothing but the HTTP request in this future.
         let outcome = tokio::select! {
             outcome = self.sender.send(request) => outcome,
@@ -314,7 +315,7 @@ impl Runner {
         // even a 4xx, shows the endpoint is up.
         let healthy = !matches!(verdict, Verdict::Retry { .. });
         let last_error = last_error(&verdict, &outcome);
-        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome), healthy);
+        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers), healthy);
         let finalised = self.finalise(request).await?;
         if let Some(change) = finalised.circuit {
             tracing::info!(endpoint = %claimed.endpoint_id, %change, "circuit state changed");
@@ -422,14 +423,17 @@ fn busy_on(reason: DeferralReason) -> BusyOn {
     }
 }
 
-/// The Attempt as recorded.
-fn record(outcome: &AttemptOutcome) -> AttemptRecord {
+/// The Attempt as recorded: the request's headers (credentials redacted, see
+/// [`http::recorded_headers`]; the Endpoint's custom headers go by their names) and what came
+/// back.
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
     AttemptRecord {
         started_at: outcome.started_at,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),
         error_message: outcome.error_message.clone(),
+        request_headers,
         response_headers: outcome.response_headers.clone(),
         response_body: outcome.response_body.clone(),
         response_truncated: outcome.response_truncated,

@@ -19,6 +19,7 @@ fn record(code: i32) -> AttemptRecord {
         status_code: Some(code),
         result: "http_response".into(),
         error_message: None,
+        request_headers: serde_json::json!({"webhook-id": "dlv_test"}),
         response_headers: serde_json::json!({"content-type": "text/plain"}),
         response_body: format!("answer {code}"),
         response_truncated: false,

@@ -39,15 +39,21 @@ impl Next {
     }
 }
 
-/// One Attempt as recorded.
+/// One Attempt as recorded (a row of `attempts`, migrations 0005 and 0017).
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
+    /// The worker's clock when the request started; also the partition key.
     pub started_at: DateTime<Utc>,
     pub duration_ms: i32,
     pub status_code: Option<i32>,
+    /// The error class (`success`, `http_status`, `timeout`, `connect`, ...).
     pub result: String,
     pub error_message: Option<String>,
+    /// The request's headers as sent, a JSON object of lower-case name to value, credential
+    /// values redacted (`railhook_worker::http::recorded_headers`); `null` when unknown.
+    pub request_headers: serde_json::Value,
     pub response_headers: serde_json::Value,
+    /// At most the worker's body cap; Postgres compresses it (lz4) when the row is large.
     pub response_body: String,
     pub response_truncated: bool,
 }
@@ -129,10 +135,11 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
     let headers: Vec<&serde_json::Value> = sorted.iter().map(|r| &r.attempt.response_headers).collect();
     let bodies: Vec<&str> = sorted.iter().map(|r| r.attempt.response_body.as_str()).collect();
     let truncated: Vec<bool> = sorted.iter().map(|r| r.attempt.response_truncated).collect();
+    let request_headers: Vec<&serde_json::Value> = sorted.iter().map(|r| &r.attempt.request_headers).collect();
     let healthy: Vec<bool> = sorted.iter().map(|r| r.healthy).collect();
     let statement = db
         .prepare_cached(
-            "SELECT idx, wrote, circuit, released FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)",
+            "SELECT idx, wrote, circuit, released FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
         )
         .await?;
     let rows = db
@@ -140,7 +147,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
             &statement,
             &[
                 &deliveries, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations,
-                &codes, &results, &errors, &headers, &bodies, &truncated, &endpoints, &healthy,
+                &codes, &results, &errors, &headers, &bodies, &truncated, &request_headers, &endpoints, &healthy,
                 &circuit.window_s, &circuit.min_volume, &circuit.ratio,
             ],
         )

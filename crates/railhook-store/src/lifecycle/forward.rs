@@ -220,16 +220,18 @@ pub struct ForwardFinalise {
 const FINALISE_SQL: &str = "
 WITH req AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::uuid[], $7::uuid[], $8::int[],
-                         $9::timestamptz[], $10::int[], $11::int[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::bool[])
+                         $9::timestamptz[], $10::int[], $11::int[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::bool[],
+                         $17::jsonb[])
         WITH ORDINALITY AS r (id, token, status, retry_at, last_error, attempt_id, project_id, number, started_at, duration_ms,
-                              status_code, result, error_message, response_headers, response_body, response_truncated, idx)
+                              status_code, result, error_message, response_headers, response_body, response_truncated,
+                              request_headers, idx)
 ), recorded AS (
     INSERT INTO attempts (id, project_id, forward_id, attempt_number, started_at, duration_ms, status_code, result, error_message,
-                          response_headers, response_body, response_truncated)
+                          response_headers, response_body, response_truncated, request_headers)
     SELECT r.attempt_id, r.project_id, r.id, r.number, r.started_at, r.duration_ms, r.status_code, r.result, r.error_message,
-           r.response_headers, r.response_body, r.response_truncated
+           r.response_headers, r.response_body, r.response_truncated, r.request_headers
     FROM req r WHERE EXISTS (SELECT 1 FROM forwards f WHERE f.id = r.id)
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id, started_at) DO NOTHING
 ), updated AS (
     UPDATE forwards f SET status = r.status::delivery_status, attempt_count = r.number, next_retry_at = r.retry_at,
         claim_token = NULL, last_error = r.last_error, updated_at = now(),
@@ -262,10 +264,11 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[ForwardFinalise]) -
     let headers: Vec<&serde_json::Value> = requests.iter().map(|r| &r.attempt.response_headers).collect();
     let bodies: Vec<&str> = requests.iter().map(|r| r.attempt.response_body.as_str()).collect();
     let truncated: Vec<bool> = requests.iter().map(|r| r.attempt.response_truncated).collect();
+    let request_headers: Vec<&serde_json::Value> = requests.iter().map(|r| &r.attempt.request_headers).collect();
     let rows = db
         .query(
             &statement,
-            &[&ids, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations, &codes, &results, &errors, &headers, &bodies, &truncated],
+            &[&ids, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations, &codes, &results, &errors, &headers, &bodies, &truncated, &request_headers],
         )
         .await?;
     let mut out = vec![false; requests.len()];

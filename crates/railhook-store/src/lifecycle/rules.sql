@@ -267,6 +267,13 @@ $$;
 -- the fence held, the circuit's change (railhook_circuit_record_many, once per endpoint of the batch) or NULL, and the Delivery
 -- the Ordering Buffer released (or NULL).
 --
+-- The Attempt: its request headers as sent (credentials redacted by the worker), the
+-- response's status, headers and body (TOAST-compressed with lz4 above about 2 KB per row:
+-- migration 0017), duration and error class (`result`). `attempts` is partitioned by day on
+-- started_at (migration 0017); the default partition takes an Attempt whose day has none, so
+-- the insert never fails for want of a partition. The key is (id, started_at), and a
+-- finalise made again carries both unchanged.
+--
 -- Ordering: a Delivery with a Sequence Number that ends (SUCCESS or Failed Messages)
 -- advances its Endpoint's cursor (never backwards) and releases its parked successor at once:
 -- due now, unclaimed, so the worker that finalised claims it right away (and, should that
@@ -278,6 +285,7 @@ CREATE OR REPLACE FUNCTION railhook_finalise_batch(
     p_deliveries uuid[], p_tokens uuid[], p_statuses text[], p_retry_at timestamptz[], p_last_errors text[],
     p_attempt_ids uuid[], p_projects uuid[], p_numbers integer[], p_started timestamptz[], p_durations integer[],
     p_codes integer[], p_results text[], p_errors text[], p_headers jsonb[], p_bodies text[], p_truncated boolean[],
+    p_request_headers jsonb[],
     p_endpoints uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
 ) RETURNS TABLE (idx integer, wrote boolean, circuit text, released uuid)
@@ -295,7 +303,7 @@ DECLARE
 BEGIN
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
-       OR n <> coalesce(cardinality(p_bodies), 0) THEN
+       OR n <> coalesce(cardinality(p_bodies), 0) OR n <> coalesce(cardinality(p_request_headers), 0) THEN
         RAISE EXCEPTION 'railhook_finalise_batch: arrays of different lengths (% deliveries)', n;
     END IF;
     WITH input AS (
@@ -350,13 +358,13 @@ BEGIN
     END LOOP;
 
     INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
-                          result, error_message, response_headers, response_body, response_truncated)
+                          result, error_message, response_headers, response_body, response_truncated, request_headers)
     SELECT u.* FROM unnest(p_attempt_ids, p_projects, p_deliveries, p_numbers, p_started, p_durations, p_codes,
-                           p_results, p_errors, p_headers, p_bodies, p_truncated)
+                           p_results, p_errors, p_headers, p_bodies, p_truncated, p_request_headers)
         AS u(id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
-             result, error_message, response_headers, response_body, response_truncated)
+             result, error_message, response_headers, response_body, response_truncated, request_headers)
     WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
-    ON CONFLICT (id) DO NOTHING;
+    ON CONFLICT (id, started_at) DO NOTHING;
 
     -- The circuit: once per Endpoint of the batch (the caller sorts by Endpoint, so its rows
     -- are one run), with the outcomes of its fenced rows; a change is reported on the run's
@@ -377,6 +385,22 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END
+$$;
+
+-- The previous signature (without p_request_headers), kept for workers of the build before
+-- migration 0017 until they restart: their Attempts are recorded without request headers.
+CREATE OR REPLACE FUNCTION railhook_finalise_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_statuses text[], p_retry_at timestamptz[], p_last_errors text[],
+    p_attempt_ids uuid[], p_projects uuid[], p_numbers integer[], p_started timestamptz[], p_durations integer[],
+    p_codes integer[], p_results text[], p_errors text[], p_headers jsonb[], p_bodies text[], p_truncated boolean[],
+    p_endpoints uuid[], p_healthy boolean[],
+    p_window_s double precision, p_min_volume integer, p_ratio double precision
+) RETURNS TABLE (idx integer, wrote boolean, circuit text, released uuid)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM railhook_finalise_batch(p_deliveries, p_tokens, p_statuses, p_retry_at, p_last_errors,
+        p_attempt_ids, p_projects, p_numbers, p_started, p_durations, p_codes, p_results, p_errors, p_headers,
+        p_bodies, p_truncated, array_fill(NULL::jsonb, ARRAY[coalesce(cardinality(p_deliveries), 0)]),
+        p_endpoints, p_healthy, p_window_s, p_min_volume, p_ratio)
 $$;
 
 -- ---------------------------------------------------------------------------------------
