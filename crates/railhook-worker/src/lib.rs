@@ -25,6 +25,7 @@ pub mod forwards;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
+pub mod partitions;
 pub mod queues;
 pub mod replays;
 pub mod runner;
@@ -67,6 +68,8 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let mut jobs = JoinSet::new();
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    // The attempt log's daily partitions, made a week ahead (crate::partitions).
+    jobs.spawn(partitions::run(runner.pool.clone(), background.clone()));
     // Replays (the Time Machine): bounded batches below live traffic (crate::replays).
     jobs.spawn(replays::run(runner.pool.clone(), config.replay.clone(), background.clone()));
     // The incoming direction: its own consume loop (crate::forwards). The two consumers stop
