@@ -401,12 +401,12 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, Path(id): Path
     let body = html! {
         div data-refresh-seconds=[running.then_some("3")] {
             h1 { "Replay " code { (r.id) } }
-            @if p.started.is_some() { p.notice.ok role="status" { "Started: the worker makes its Deliveries in the background." } }
+            @if p.started.is_some() { p.notice.ok role="status" { "Started." @if running { " The worker makes its Deliveries in the background, a batch at a time." } } }
             @if p.cancelled.is_some() { p.notice.ok role="status" { "Cancelled: no further Delivery is made; those made stay." } }
             dl.facts {
                 dt { "State" } dd #replay-state { (state_badge(r.state)) }
                 dt { "Deliveries made" } dd #replay-progress { (progress(&r)) }
-                dt { "Events done" } dd { (r.events_done) }
+                dt { "Events of the range read" } dd { (r.events_done) " " span.hint { "(of every type; those that match make Deliveries)" } }
                 dt { "Range" } dd { (page::time(r.from)) " up to " (page::time(r.to)) }
                 dt { "Event types" } dd { (types_of(&r)) }
                 dt { "Endpoints" } dd { (endpoints_of(&r)) }

@@ -195,7 +195,7 @@ async fn estimate_then_start_watch_it_complete_and_cancel_another() {
 
     let running = ui.get(&location, &session).await;
     assert_eq!(running.status, StatusCode::OK, "{}", running.body);
-    assert!(running.body.contains("Started:") && running.body.contains("running") && running.body.contains("data-refresh-seconds=\"3\""));
+    assert!(running.body.contains("Started.") && running.body.contains("running") && running.body.contains("data-refresh-seconds=\"3\""));
     assert_eq!(progress(&running), ("0".into(), "3".into()));
     assert!(running.body.contains("Cancel the Replay"));
 
