@@ -8,6 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use railhook_config::{Config, FileSource, Overrides};
 
 mod commands;
+mod project_data;
+mod replay_cmd;
 
 /// Railhook: a self-hosted webhook gateway. Events POSTed to the API are written to Postgres
 /// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
@@ -76,6 +78,10 @@ enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Replays (the Time Machine) through a running server's API: create (or --dry-run
+    /// count), follow with a progress bar, status, cancel, list. Needs a project API key in
+    /// RAILHOOK_API_KEY; --api-url (default http://<api.listen>).
+    Replay(replay_cmd::ReplayArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -126,6 +132,11 @@ enum AdminCommand {
         project: String,
         #[arg(long, default_value = "")]
         name: String,
+    },
+    /// A project's data (GDPR): export it as JSON Lines, or erase it.
+    Project {
+        #[command(subcommand)]
+        command: project_data::ProjectCommand,
     },
 }
 
@@ -186,10 +197,12 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Worker => commands::worker(config).await,
             Command::Slot { command: SlotCommand::Status { json, max_inactive } } => commands::slot_status(&config, json, max_inactive).await,
             Command::Slot { command: SlotCommand::Drop { confirm } } => commands::slot_drop(&config, confirm).await,
+            Command::Replay(args) => replay_cmd::run(&config, args).await,
             Command::Admin { command } => match command {
                 AdminCommand::CreateOrg { name } => commands::admin_create_org(&config, &name).await,
                 AdminCommand::CreateProject { org, name } => commands::admin_create_project(&config, &org, &name).await,
                 AdminCommand::CreateApiKey { project, name } => commands::admin_create_api_key(&config, &project, &name).await,
+                AdminCommand::Project { command } => project_data::run(&config, command).await,
             },
             _ => unreachable!("handled above"),
         }
