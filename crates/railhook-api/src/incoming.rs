@@ -43,7 +43,17 @@ pub struct ForwardAttempt {
     pub status_code: Option<i32>,
     pub result: String,
     pub error_message: Option<String>,
+    /// The request's headers as sent, lower-case name to value; the Destination's auth (and
+    /// any header named like a credential) shown as `<redacted>`. Null for Attempts recorded
+    /// before request headers were.
+    #[schema(value_type = Option<Object>)]
+    pub request_headers: Option<serde_json::Value>,
+    /// The response's headers, lower-case name to value; `{}` when no response arrived.
+    #[schema(value_type = Option<Object>)]
+    pub response_headers: Option<serde_json::Value>,
+    /// The start of the response body (up to 64 KiB, as UTF-8).
     pub response_body: Option<String>,
+    /// The body was longer than what is stored (or reading it stalled or failed).
     pub response_truncated: bool,
 }
 
@@ -90,6 +100,8 @@ impl From<incoming::Forward> for Forward {
                     status_code: a.status_code,
                     result: a.result,
                     error_message: a.error_message,
+                    request_headers: a.request_headers,
+                    response_headers: a.response_headers,
                     response_body: a.response_body,
                     response_truncated: a.response_truncated,
                 })

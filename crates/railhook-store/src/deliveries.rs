@@ -184,11 +184,19 @@ pub struct Attempt {
     /// `success`, `http_status`, `timeout`, `connect`, `dns`, `tls`, `refused_address`, ...
     pub result: String,
     pub error_message: Option<String>,
+    /// The request's headers as sent, lower-case name to value: `webhook-id`,
+    /// `webhook-timestamp`, `webhook-signature`, `x-event-id`, ..., and the Endpoint's custom
+    /// headers, the value of a credential (`authorization`, a name with `key`, `token`,
+    /// `secret`, `auth`, `password`, ...) shown as `<redacted>`. Null for Attempts recorded
+    /// before request headers were.
+    #[schema(value_type = Option<Object>)]
+    pub request_headers: Option<serde_json::Value>,
+    /// The response's headers, lower-case name to value; `{}` when no response arrived.
     #[schema(value_type = Option<Object>)]
     pub response_headers: Option<serde_json::Value>,
-    /// The start of the response body (the worker stores up to a cap).
+    /// The start of the response body (the worker stores up to 64 KiB, as UTF-8).
     pub response_body: Option<String>,
-    /// The body was longer than what is stored.
+    /// The body was longer than what is stored (or reading it stalled or failed).
     pub response_truncated: bool,
 }
 
@@ -196,15 +204,21 @@ pub struct Attempt {
 /// row of NULLs), so a foreign id is a 404 and not an empty list. The cursor is an Attempt
 /// id; the keyset is (attempt_number, id), because a stale worker whose Claim was swept
 /// still records its Attempt, under a number another Attempt may carry too.
+///
+/// `attempts` is partitioned by day on `started_at` (migration 0017): no Attempt starts
+/// before its Delivery was made, so `started_at >= created_at - 1 day` (a day of slack for a
+/// worker's clock behind the database's) lets the executor skip the partitions of earlier
+/// days instead of probing each one's index.
 const ATTEMPTS_SQL: &str = "
 SELECT a.id, a.attempt_number, a.started_at, a.duration_ms, a.status_code, a.result, a.error_message,
-       a.response_headers, a.response_body, a.response_truncated
+       a.response_headers, a.response_body, a.response_truncated, a.request_headers
 FROM deliveries d
 LEFT JOIN LATERAL (
     SELECT * FROM attempts att
-    WHERE att.delivery_id = d.id
+    WHERE att.delivery_id = d.id AND att.started_at >= d.created_at - interval '1 day'
       AND ($3::uuid IS NULL OR (att.attempt_number, att.id) >
-           (SELECT c.attempt_number, c.id FROM attempts c WHERE c.id = $3 AND c.delivery_id = d.id))
+           (SELECT c.attempt_number, c.id FROM attempts c
+            WHERE c.id = $3 AND c.delivery_id = d.id AND c.started_at >= d.created_at - interval '1 day'))
     ORDER BY att.attempt_number, att.id
     LIMIT $4
 ) a ON true
@@ -237,6 +251,7 @@ pub async fn list_attempts(
                     status_code: r.get(4),
                     result: r.get(5),
                     error_message: r.get(6),
+                    request_headers: r.get::<_, Option<Json<serde_json::Value>>>(10).map(|j| j.0),
                     response_headers: r.get::<_, Option<Json<serde_json::Value>>>(7).map(|j| j.0),
                     response_body: r.get(8),
                     response_truncated: r.get(9),

@@ -212,6 +212,9 @@ pub struct ForwardAttempt {
     pub status_code: Option<i32>,
     pub result: String,
     pub error_message: Option<String>,
+    /// As sent, the Destination's auth redacted (see `deliveries::Attempt::request_headers`).
+    pub request_headers: Option<serde_json::Value>,
+    pub response_headers: Option<serde_json::Value>,
     pub response_body: Option<String>,
     pub response_truncated: bool,
 }
@@ -221,7 +224,9 @@ fn status_from(text: &str) -> Result<DeliveryStatus, StoreError> {
 }
 
 /// The Incoming Event with its Forwards and their Attempts; `None` when it is not one of the
-/// project's. Two statements: the event, then its Forwards joined with their Attempts.
+/// project's. Two statements: the event, then its Forwards joined with their Attempts (no
+/// Attempt starts a day before its Forward was made: the partitions of earlier days are
+/// skipped, as for a Delivery's Attempts).
 pub async fn get_incoming_event(db: &impl tokio_postgres::GenericClient, project: ProjectId, id: IncomingEventId) -> Result<Option<IncomingEvent>, StoreError> {
     let Some(row) = db
         .query_opt(
@@ -240,8 +245,8 @@ pub async fn get_incoming_event(db: &impl tokio_postgres::GenericClient, project
             "SELECT f.id, f.destination_id, f.status::text, f.attempt_count, f.max_attempts, f.next_retry_at, f.last_error,
                     f.created_at, f.completed_at,
                     a.id, a.attempt_number, a.started_at, a.duration_ms, a.status_code, a.result, a.error_message,
-                    a.response_body, a.response_truncated
-             FROM forwards f LEFT JOIN attempts a ON a.forward_id = f.id
+                    a.response_body, a.response_truncated, a.request_headers, a.response_headers
+             FROM forwards f LEFT JOIN attempts a ON a.forward_id = f.id AND a.started_at >= f.created_at - interval '1 day'
              WHERE f.incoming_event_id = $1 AND f.project_id = $2
              ORDER BY f.id, a.attempt_number, a.id",
             &[&id.0, &project.0],
@@ -275,6 +280,8 @@ pub async fn get_incoming_event(db: &impl tokio_postgres::GenericClient, project
                 error_message: r.get(15),
                 response_body: r.get(16),
                 response_truncated: r.get(17),
+                request_headers: r.get::<_, Option<Json<serde_json::Value>>>(18).map(|j| j.0),
+                response_headers: r.get::<_, Option<Json<serde_json::Value>>>(19).map(|j| j.0),
             });
         }
     }
