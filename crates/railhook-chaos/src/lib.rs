@@ -108,6 +108,9 @@ pub struct Options {
     /// Standard Webhooks Sources; Source `s` has `1 + s % 2` Destinations, every other
     /// Destination flaky.
     pub sources: usize,
+    /// `railhook worker` processes in one consumer group (quick 1, full 2). The faults kill
+    /// the first; its partitions move to the others within the session timeout (6 s).
+    pub workers: usize,
 }
 
 impl Options {
@@ -131,6 +134,7 @@ impl Options {
             incoming: 100,
             incoming_burst: 20,
             sources: 3,
+            workers: 1,
         }
     }
 
@@ -155,6 +159,7 @@ impl Options {
             incoming: 2_000,
             incoming_burst: 20,
             sources: 4,
+            workers: 2,
         }
     }
 }
@@ -209,10 +214,10 @@ pub fn is_ordered(j: usize) -> bool {
 /// How the run counted ordering gap timeouts.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GapTimeoutCount {
-    /// `railhook_ordering_gap_timeout_total` of the last worker process, read just before it
-    /// stopped (a killed worker's count is gone with it; hence the log).
+    /// `railhook_ordering_gap_timeout_total` summed over the last process of each worker,
+    /// read just before they stopped (a killed worker's count is gone with it; hence the log).
     pub worker_metric: Option<u64>,
-    /// "ordering gap timeout" lines in the worker's log (every process of the run).
+    /// "ordering gap timeout" lines in the workers' logs (every process of the run).
     pub worker_log: u64,
 }
 
@@ -232,6 +237,8 @@ pub struct Report {
     pub events: usize,
     pub endpoints: usize,
     pub flaky_endpoints: usize,
+    /// `railhook worker` processes in the group (the faults kill the first).
+    pub workers: usize,
     /// Endpoints (by index) with an ordered Subscription.
     pub ordered_endpoints: Vec<usize>,
     /// Events sent in the ordered bursts (on top of `events`).
@@ -302,7 +309,7 @@ fn config(pg: &PgCluster, kafka: &KafkaBroker, ports: &Ports) -> railhook_config
     c.api.admin_token = ADMIN_TOKEN.into();
     c.relay.ops_listen = ([127, 0, 0, 1], ports.relay_ops).into();
     c.relay.status_interval_ms = 500;
-    c.worker.ops_listen = ([127, 0, 0, 1], ports.worker_ops).into();
+    c.worker.ops_listen = ([127, 0, 0, 1], ports.worker_ops[0]).into();
     c.worker.group_id = "chaos-worker".into();
     // Sweeps within seconds: PROCESSING longer than 20 s (well past the longest Attempt,
     // 5 s plus the finalise's retries) goes back to PENDING; PENDING unannounced for 10 s is
@@ -325,7 +332,8 @@ fn config(pg: &PgCluster, kafka: &KafkaBroker, ports: &Ports) -> railhook_config
 struct Ports {
     api: u16,
     relay_ops: u16,
-    worker_ops: u16,
+    /// One per worker process; the first is the one the faults kill.
+    worker_ops: Vec<u16>,
     receiver: u16,
 }
 
@@ -356,31 +364,43 @@ where
 struct Stack {
     api: Supervised,
     relay: Supervised,
-    worker: Supervised,
+    /// Never empty; the faults kill the first.
+    workers: Vec<Supervised>,
 }
+
+/// The workers' process names: `worker`, then `worker2`, `worker3`, ...
+const WORKER_NAMES: [&str; 4] = ["worker", "worker2", "worker3", "worker4"];
 
 impl Stack {
     fn get(&self, kind: FaultKind) -> &Supervised {
         match kind {
             FaultKind::KillApi => &self.api,
             FaultKind::KillRelay => &self.relay,
-            _ => &self.worker,
+            _ => &self.workers[0],
         }
     }
 
+    fn all(&self) -> Vec<&Supervised> {
+        let mut all = vec![&self.api, &self.relay];
+        all.extend(self.workers.iter());
+        all
+    }
+
     async fn stop(&mut self) {
-        // The API first (no more ingest), then the worker, then the relay.
+        // The API first (no more ingest), then the workers, then the relay.
         self.api.stop().await;
-        self.worker.stop().await;
+        for w in &mut self.workers {
+            w.stop().await;
+        }
         self.relay.stop().await;
     }
 
     fn stats(&self) -> BTreeMap<String, ProcessStats> {
-        [&self.api, &self.relay, &self.worker].iter().map(|s| (s.name.to_string(), s.stats())).collect()
+        self.all().iter().map(|s| (s.name.to_string(), s.stats())).collect()
     }
 
     fn tails(&self) -> String {
-        [&self.api, &self.relay, &self.worker]
+        self.all()
             .iter()
             .map(|s| format!("--- {} ({}):\n{}", s.name, s.log.display(), s.log_tail(15)))
             .collect::<Vec<_>>()
@@ -399,7 +419,15 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     anyhow::ensure!(opts.railhook_bin.is_file(), "no railhook binary at {}", opts.railhook_bin.display());
     // The components run in the run's folder: the binary's path must not be relative.
     let bin = opts.railhook_bin.canonicalize().with_context(|| format!("resolve {}", opts.railhook_bin.display()))?;
-    eprintln!("railhook-chaos: {} run, {} events over {} endpoints, seed {}, folder {}", if opts.quick { "quick" } else { "full" }, opts.events, opts.endpoints, opts.seed, dir.display());
+    eprintln!(
+        "railhook-chaos: {} run, {} events over {} endpoints, {} worker(s), seed {}, folder {}",
+        if opts.quick { "quick" } else { "full" },
+        opts.events,
+        opts.endpoints,
+        opts.workers,
+        opts.seed,
+        dir.display()
+    );
 
     // Private servers.
     let (mut pg, mut kafka) = tokio::join!(PgCluster::start(), KafkaBroker::start());
@@ -407,10 +435,24 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         let admin = railhook_testkit::connect(&pg.url("postgres")).await.context("connect to the private Postgres")?;
         admin.batch_execute("CREATE DATABASE railhook").await.context("create database railhook")?;
     }
-    let ports = Ports { api: free_low_port(), relay_ops: free_low_port(), worker_ops: free_low_port(), receiver: free_low_port() };
-    let config = config(&pg, &kafka, &ports);
+    anyhow::ensure!((1..=WORKER_NAMES.len()).contains(&opts.workers), "workers must be 1 to {}", WORKER_NAMES.len());
+    let ports = Ports {
+        api: free_low_port(),
+        relay_ops: free_low_port(),
+        worker_ops: (0..opts.workers).map(|_| free_low_port()).collect(),
+        receiver: free_low_port(),
+    };
+    let mut config = config(&pg, &kafka, &ports);
     let config_path = dir.join("railhook.toml");
     std::fs::write(&config_path, toml::to_string(&config).context("render the configuration")?)?;
+    // The other workers differ only in their ops port.
+    let mut worker_configs = vec![config_path.clone()];
+    for (w, port) in ports.worker_ops.iter().enumerate().skip(1) {
+        config.worker.ops_listen = ([127, 0, 0, 1], *port).into();
+        let path = dir.join(format!("railhook-{}.toml", WORKER_NAMES[w]));
+        std::fs::write(&path, toml::to_string(&config).context("render a worker's configuration")?)?;
+        worker_configs.push(path);
+    }
     let migrate = tokio::process::Command::new(&bin)
         .args(["migrate", "--config"])
         .arg(&config_path)
@@ -446,15 +488,18 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let bin = &bin;
     let mut stack = Stack {
         relay: Supervised::start("relay", bin, "relay", &config_path, &logs, opts.restart_delay),
-        worker: Supervised::start("worker", bin, "worker", &config_path, &logs, opts.restart_delay),
+        workers: worker_configs.iter().enumerate().map(|(w, path)| Supervised::start(WORKER_NAMES[w], bin, "worker", path, &logs, opts.restart_delay)).collect(),
         api: Supervised::start("api", bin, "api", &config_path, &logs, opts.restart_delay),
     };
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?;
     let base = format!("http://127.0.0.1:{}", ports.api);
     let ready = async {
-        let (health, ready) = (format!("{base}/healthz"), format!("http://127.0.0.1:{}/readyz", ports.worker_ops));
+        let health = format!("{base}/healthz");
         wait_for(Duration::from_secs(60), "the API's /healthz", || http_ok(&http, &health)).await?;
-        wait_for(Duration::from_secs(60), "the worker's /readyz", || http_ok(&http, &ready)).await?;
+        for port in &ports.worker_ops {
+            let ready = format!("http://127.0.0.1:{port}/readyz");
+            wait_for(Duration::from_secs(60), "the workers' /readyz", || http_ok(&http, &ready)).await?;
+        }
         wait_for(Duration::from_secs(90), "the relay's stream to be live", || async {
             match http.get(format!("http://127.0.0.1:{}/metrics", ports.relay_ops)).send().await {
                 Ok(r) => r.text().await.unwrap_or_default().lines().any(|l| l == "railhook_relay_stream_live 1"),
@@ -546,10 +591,19 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let db = railhook_testkit::connect(&db_url).await.context("connect for the check")?;
     let mut inputs = read_postgres(&db).await?;
     drop(db);
-    let mut gap_timeouts = GapTimeoutCount { worker_metric: worker_gap_timeouts(&http, ports.worker_ops).await, worker_log: 0 };
+    let mut worker_metric = None;
+    for port in &ports.worker_ops {
+        if let Some(n) = worker_gap_timeouts(&http, *port).await {
+            worker_metric = Some(worker_metric.unwrap_or(0) + n);
+        }
+    }
+    let mut gap_timeouts = GapTimeoutCount { worker_metric, worker_log: 0 };
     stack.stop().await;
-    gap_timeouts.worker_log =
-        std::fs::read_to_string(&stack.worker.log).unwrap_or_default().lines().filter(|l| l.contains("ordering gap timeout")).count() as u64;
+    gap_timeouts.worker_log = stack
+        .workers
+        .iter()
+        .map(|w| std::fs::read_to_string(&w.log).unwrap_or_default().lines().filter(|l| l.contains("ordering gap timeout")).count() as u64)
+        .sum();
     let (arrivals, forward_arrivals): (Vec<_>, Vec<_>) = receiver.lock().await.arrivals().into_iter().partition(|a| a.endpoint < opts.endpoints);
     receiver.lock().await.go_away().await;
     records.sort_by_key(|r| r.started_at);
@@ -582,6 +636,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         seed: opts.seed,
         events: opts.events,
         endpoints: opts.endpoints,
+        workers: opts.workers,
         flaky_endpoints,
         ordered_endpoints,
         burst_events,
@@ -874,6 +929,7 @@ pub fn render(report: &Report) -> String {
     line("mode", format!("{} (seed {})", report.mode, report.seed));
     line("events planned / accepted", format!("{} / {}", v.planned_events, v.accepted));
     line("endpoints (flaky)", format!("{} ({})", report.endpoints, report.flaky_endpoints));
+    line("worker processes", report.workers.to_string());
     line("deliveries expected / in Postgres", format!("{} / {}", v.deliveries_expected, v.deliveries_in_postgres));
     line("delivered (answered 2xx)", v.delivered.to_string());
     line("failed for a reason (all attempts failed)", v.failed_legitimately.to_string());

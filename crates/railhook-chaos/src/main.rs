@@ -54,6 +54,10 @@ struct Cli {
     /// Standard Webhooks Sources, with 1, 2, 1, 2, ... Destinations (default 4; 3 with --quick).
     #[arg(long)]
     sources: Option<usize>,
+    /// `railhook worker` processes in one consumer group, 1 to 4 (default 2; 1 with --quick).
+    /// The faults kill the first; its partitions move to the others.
+    #[arg(long)]
+    workers: Option<usize>,
     /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -98,6 +102,9 @@ fn main() -> ExitCode {
     }
     if let Some(n) = cli.sources {
         opts.sources = n.max(1);
+    }
+    if let Some(n) = cli.workers {
+        opts.workers = n;
     }
     opts.keep = cli.keep;
     let out = cli.out.unwrap_or_else(|| PathBuf::from(if opts.quick { "chaos/results/quick.json" } else { "chaos/results/latest.json" }));
