@@ -42,6 +42,7 @@ pub struct Config {
     pub network: NetworkConfig,
     pub telemetry: TelemetryConfig,
     pub replay: ReplayConfig,
+    pub retention: RetentionConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -247,6 +248,49 @@ impl Default for ReplayConfig {
     }
 }
 
+/// The worker's retention job (issue 17; docs/CONFIGURATION.md "Retention"). Periods are
+/// days, fractional allowed, so a soak can keep minutes (0.0035 days is about 5 minutes).
+/// Per-Project overrides of `events_days` and `failed_days` are columns of `projects`
+/// (migration 0018). Published outbox rows are trimmed by the relay
+/// (`relay.outbox_retention_seconds`), not here.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Run the job at all (one run at a time across every worker, under an advisory lock).
+    pub enabled: bool,
+    /// Pause between the end of one run and the start of the next.
+    pub interval_seconds: f64,
+    /// Events (and Incoming Events) whose every Delivery (Forward) is final are deleted with
+    /// them this long after creation.
+    pub events_days: f64,
+    /// A FAILED Delivery or Forward (a Failed Message) keeps itself and its Event this long
+    /// after it failed, so a person can still retry it.
+    pub failed_days: f64,
+    /// Attempts older than this go with their daily partition.
+    pub attempts_days: f64,
+    /// Most rows one batch examines (its statement deletes at most these and their children).
+    pub batch_rows: i64,
+    /// A batch's target duration: the batch size adapts so each takes about this long.
+    pub batch_target_ms: u64,
+    /// Rest between two batches, so live traffic goes first.
+    pub pause_ms: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            enabled: true,
+            interval_seconds: 60.0,
+            events_days: 30.0,
+            failed_days: 90.0,
+            attempts_days: 30.0,
+            batch_rows: 1_000,
+            batch_target_ms: 50,
+            pause_ms: 10,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -274,6 +318,7 @@ impl Default for Config {
             network: NetworkConfig::default(),
             telemetry: TelemetryConfig::default(),
             replay: ReplayConfig::default(),
+            retention: RetentionConfig::default(),
         }
     }
 }
@@ -548,6 +593,21 @@ impl Config {
         }
         if !(1..=3_650).contains(&self.replay.max_range_days) {
             problems.push("replay.max_range_days must be from 1 to 3650".into());
+        }
+        let r = &self.retention;
+        for (key, days) in [("events_days", r.events_days), ("failed_days", r.failed_days), ("attempts_days", r.attempts_days)] {
+            if !(days.is_finite() && days > 0.0 && days <= 36_500.0) {
+                problems.push(format!("retention.{key} is {days}: it must be above 0 and at most 36500 (days; fractions allowed, 0.0035 is about 5 minutes)"));
+            }
+        }
+        if !(r.interval_seconds.is_finite() && (0.1..=86_400.0).contains(&r.interval_seconds)) {
+            problems.push("retention.interval_seconds must be from 0.1 to 86400 (60 is the default)".into());
+        }
+        if !(10..=100_000).contains(&r.batch_rows) {
+            problems.push("retention.batch_rows must be from 10 to 100000 (1000 is the default)".into());
+        }
+        if !(1..=1_000).contains(&r.batch_target_ms) {
+            problems.push("retention.batch_target_ms must be from 1 to 1000 (50 is the default; batches are meant to stay under 100 ms)".into());
         }
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {

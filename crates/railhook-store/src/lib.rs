@@ -12,6 +12,7 @@ pub mod locks;
 pub mod migrate;
 pub mod pool;
 pub mod replays;
+pub mod retention;
 pub mod server;
 pub mod sources;
 pub mod subscriptions;

@@ -28,8 +28,12 @@ pub const SWEEP: LockKey = LockKey { name: "sweep", key: singleton(2) };
 /// try-lock, taken by `replays::run_batch`).
 pub const REPLAY: LockKey = LockKey { name: "replay", key: singleton(3) };
 
+/// The retention job (issue 17): one run at a time across processes (session level,
+/// try-lock, held by `railhook_worker::retention` for a whole run of short batches).
+pub const RETENTION: LockKey = LockKey { name: "retention", key: singleton(4) };
+
 /// Every singleton key, for the uniqueness test and for operators reading `pg_locks`.
-pub const ALL: &[LockKey] = &[MIGRATE, SWEEP, REPLAY];
+pub const ALL: &[LockKey] = &[MIGRATE, SWEEP, REPLAY, RETENTION];
 
 /// Seed of `hashtextextended(project_id::text, seed)`: a project's claims serialise on it.
 pub const PROJECT_CLAIM_SEED: i64 = 7061;

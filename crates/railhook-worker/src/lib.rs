@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod partitions;
 pub mod queues;
 pub mod replays;
+pub mod retention;
 pub mod runner;
 
 pub use error::{ErrorKind, WorkerError};
@@ -72,6 +73,8 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     jobs.spawn(partitions::run(runner.pool.clone(), background.clone()));
     // Replays (the Time Machine): bounded batches below live traffic (crate::replays).
     jobs.spawn(replays::run(runner.pool.clone(), config.replay.clone(), background.clone()));
+    // Retention: one run at a time across workers, in bounded batches (crate::retention).
+    jobs.spawn(retention::run(runner.pool.clone(), config.retention.clone(), metrics.retention.clone(), background.clone()));
     // The incoming direction: its own consume loop (crate::forwards). The two consumers stop
     // together: a Forwards consumer that stops on an error stops the Deliveries' (drained as
     // at shutdown) and the worker, so a supervisor sees it, as it would for the Deliveries'.

@@ -48,6 +48,8 @@ pub struct WorkerMetrics {
     pub oldest_pending_age: prometheus::Gauge,
     /// The incoming direction's Attempts (`crate::forwards`).
     pub forwards: crate::forwards::ForwardMetrics,
+    /// The retention job's (`crate::retention`).
+    pub retention: crate::retention::RetentionMetrics,
 }
 
 impl Default for WorkerMetrics {
@@ -99,6 +101,7 @@ impl WorkerMetrics {
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
             forwards: crate::forwards::ForwardMetrics::new(),
+            retention: crate::retention::RetentionMetrics::new(),
         }
     }
 
@@ -128,6 +131,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.queue_depth.clone()))?;
         registry.register(Box::new(self.oldest_pending_age.clone()))?;
         self.forwards.register(registry)?;
+        self.retention.register(registry)?;
         Ok(())
     }
 
