@@ -111,6 +111,11 @@ test("a long Replay is cancelled half-way: nothing is made after the cancel", as
   await expect(page.locator("#estimate-deliveries")).toHaveText("2000");
   await page.getByRole("button", { name: "Start the Replay" }).click();
   await expect(page.locator("#replay-state")).toHaveText("running");
+  // Half-way: once the first batch has made its Deliveries (about 20 batches to go).
+  await expect(async () => {
+    await page.reload();
+    expect(Number(await page.locator("#replay-progress .made").textContent())).toBeGreaterThan(0);
+  }).toPass({ intervals: [200], timeout: 30_000 });
 
   page.once("dialog", (d) => d.accept());
   await page.getByRole("button", { name: "Cancel the Replay" }).click();
@@ -118,6 +123,7 @@ test("a long Replay is cancelled half-way: nothing is made after the cancel", as
   await expect(page.locator("#replay-state")).toHaveText("cancelled");
   const { made, total } = await progressOf(page);
   expect(total).toBe(2000);
+  expect(made).toBeGreaterThan(0);
   expect(made).toBeLessThan(total);
   const replayId = page.url().match(/rpl_[^/?]+/)[0];
   console.log(`replay ${replayId} cancelled at ${made} of ${total}`);
