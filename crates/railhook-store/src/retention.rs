@@ -13,11 +13,18 @@
 //!   have (ids are UUIDv7, time first), and checked against `received_at` exactly.
 //! - **Replays**: finished ones whose Deliveries are all gone ([`delete_replays`]).
 //! - Attempts are partitioned by day (migration 0017) and dropped a partition at a time by
-//!   `crate::attempts`; the ones of a deleted Delivery or Forward go with it here.
+//!   `crate::attempts`; the ones of a deleted Delivery or Forward go with it here, looked up
+//!   only in the partitions of the days between the batch's first Delivery's creation and its
+//!   last one's update, an hour either side for the worker's clock (`started_at`); Postgres
+//!   prunes the other partitions when the statement starts. (The foreign key's own cascade,
+//!   which cannot prune, still probes every partition per deleted Delivery: see
+//!   docs/RELIABILITY.md "Retention".)
 //! - Published outbox rows are trimmed by the relay (`railhook_relay::retention`).
 //!
 //! One statement deletes the children explicitly (to count them) and then the parent; the
-//! foreign keys' cascades find nothing left. Every foreign key a delete here triggers has an
+//! foreign keys' cascades find nothing left. Each delete names its rows as `= ANY(ARRAY(..))`
+//! so that it is an index scan whatever the planner guesses of a CTE's size (as `IN (SELECT
+//! ..)` it hash-joined a sequential scan of `events`). Every foreign key a delete here triggers has an
 //! index (`deliveries_event_idx`, `attempts_delivery_idx`, `attempts_forward_idx`,
 //! `forwards_incoming_event_idx`, and `deliveries_replay_of_idx` of migration 0018), so no
 //! cascade scans a table per row.
@@ -123,11 +130,14 @@ WITH c AS (
           AND (d.status NOT IN ('SUCCESS', 'FAILED')
                OR coalesce(d.completed_at, d.updated_at) >= CASE WHEN d.status = 'FAILED' THEN $3 ELSE $2 END))
 ), d AS (
-    DELETE FROM deliveries WHERE event_id IN (SELECT id FROM gone) RETURNING id
+    DELETE FROM deliveries WHERE event_id = ANY(ARRAY(SELECT id FROM gone)) RETURNING id, created_at, updated_at
 ), a AS (
-    DELETE FROM attempts WHERE delivery_id IN (SELECT id FROM d) RETURNING 1
+    DELETE FROM attempts WHERE delivery_id = ANY(ARRAY(SELECT id FROM d))
+      AND started_at >= (SELECT min(created_at) FROM d) - interval '1 hour'
+      AND started_at <= (SELECT max(updated_at) FROM d) + interval '1 hour'
+    RETURNING 1
 ), e AS (
-    DELETE FROM events WHERE id IN (SELECT id FROM gone) RETURNING 1
+    DELETE FROM events WHERE id = ANY(ARRAY(SELECT id FROM gone)) RETURNING 1
 ), last AS (
     SELECT created_at, id FROM c ORDER BY created_at DESC, id DESC LIMIT 1
 )
@@ -168,11 +178,14 @@ WITH c AS (
           AND (f.status NOT IN ('SUCCESS', 'FAILED')
                OR coalesce(f.completed_at, f.updated_at) >= CASE WHEN f.status = 'FAILED' THEN $3 ELSE $2 END))
 ), f AS (
-    DELETE FROM forwards WHERE incoming_event_id IN (SELECT id FROM gone) RETURNING id
+    DELETE FROM forwards WHERE incoming_event_id = ANY(ARRAY(SELECT id FROM gone)) RETURNING id, created_at, updated_at
 ), a AS (
-    DELETE FROM attempts WHERE forward_id IN (SELECT id FROM f) RETURNING 1
+    DELETE FROM attempts WHERE forward_id = ANY(ARRAY(SELECT id FROM f))
+      AND started_at >= (SELECT min(created_at) FROM f) - interval '1 hour'
+      AND started_at <= (SELECT max(updated_at) FROM f) + interval '1 hour'
+    RETURNING 1
 ), i AS (
-    DELETE FROM incoming_events WHERE id IN (SELECT id FROM gone) RETURNING 1
+    DELETE FROM incoming_events WHERE id = ANY(ARRAY(SELECT id FROM gone)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM i), (SELECT count(*) FROM f), (SELECT count(*) FROM a), (SELECT id FROM c ORDER BY id DESC LIMIT 1)";
 

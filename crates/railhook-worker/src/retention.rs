@@ -12,9 +12,9 @@
 //!   takes about `retention.batch_target_ms` (50 ms by default, meant to stay under 100 ms),
 //!   between [`MIN_BATCH`] and `retention.batch_rows`; `retention.pause_ms` of rest follows
 //!   each batch so live traffic goes first.
-//! - Order of a run: Attempts' partitions first (once migration 0017's
-//!   `railhook_store::attempts` lands; see [`drop_attempt_partitions`]), then per Project its
-//!   Events and its Incoming Events, then finished Replays with nothing left.
+//! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
+//!   (dropped whole, `railhook_store::attempts`), then per Project its Events and its
+//!   Incoming Events, then finished Replays with nothing left.
 //! - Published outbox rows are not this job's: the relay trims them
 //!   (`relay.outbox_retention_seconds`), as before.
 
@@ -240,16 +240,14 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Attempts older than `retention.attempts_days`, a daily partition at a time.
-    ///
-    /// PENDING: migration 0017 (another helper) partitions `attempts` by day and adds
-    /// `railhook_store::attempts::{ensure_partitions, drop_partitions_before}`; until it
-    /// lands, Attempts go only with their Delivery or Forward (below), and this is the call
-    /// site:
-    /// `let n = attempts::drop_partitions_before(db, now - days(attempts_days)).await?;`
+    /// Attempts older than `retention.attempts_days`, a daily partition at a time
+    /// (`railhook_store::attempts::drop_partitions_before`, migration 0017: each drop waits
+    /// at most `attempts::DROP_LOCK_TIMEOUT` for its lock). A partition goes once its whole day
+    /// is older than the cutoff, so Attempts are kept between `attempts_days` and a day more.
+    /// Making partitions ahead is `crate::partitions`'.
     async fn drop_attempt_partitions(&mut self, now: DateTime<Utc>) -> Result<(), StoreError> {
-        let _cutoff = now - store::days(self.config.attempts_days);
-        let dropped: u64 = 0;
+        let cutoff = now - store::days(self.config.attempts_days);
+        let dropped = railhook_store::attempts::drop_partitions_before(&***self.db, cutoff).await?.len() as u64;
         self.report.partitions_dropped += dropped;
         self.metrics.partitions_dropped.inc_by(dropped);
         Ok(())
