@@ -175,6 +175,12 @@ async fn estimate_then_start_watch_it_complete_and_cancel_another() {
     let one = ui.get(&format!("/ui/replays/estimate?from={from}&event_types=**&endpoint_id={billing}"), &session).await;
     assert_eq!(estimated(&one), "2");
     assert!(one.body.contains(&format!("name=\"endpoint_id\" value=\"{billing}\"")), "the confirmation carries the choice");
+    // A count past its cap is a lower bound, and says so.
+    let client = ui.pool.get().await.unwrap();
+    let every = ReplayFilter { from: Utc::now() - Duration::hours(1), to: Utc::now(), event_types: None, endpoint_ids: None };
+    let capped = replays::count_upto(&client, project, &every, 4).await.unwrap();
+    assert_eq!((capped.events, capped.capped), (4, true));
+    assert_eq!(replays::count(&client, project, &every).await.unwrap(), replays::ReplayCount { deliveries: 5, events: 5, capped: false });
     let none = ui.get(&format!("/ui/replays/estimate?from={from}&event_types=order.*&endpoint_id={billing}"), &session).await;
     assert_eq!(estimated(&none), "0");
     assert!(none.body.contains("Nothing to replay") && !none.body.contains("Start the Replay"));
