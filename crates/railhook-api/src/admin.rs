@@ -16,13 +16,22 @@ use crate::error::responses::*;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateNamed {
+    /// 1 to 200 characters once trimmed.
+    #[schema(schema_with = name_schema)]
     pub name: String,
+}
+
+/// The longest name of an Organization or Project.
+pub const MAX_NAME_CHARS: usize = 200;
+
+fn name_schema() -> utoipa::openapi::Object {
+    crate::schema::trimmed_name(MAX_NAME_CHARS).build()
 }
 
 pub fn check_name(name: &str) -> Result<&str, ApiError> {
     let name = name.trim();
-    if name.is_empty() || name.chars().count() > 200 {
-        return Err(ApiError::invalid("name", "name must be 1 to 200 characters"));
+    if name.is_empty() || name.chars().count() > MAX_NAME_CHARS {
+        return Err(ApiError::invalid("name", format!("name must be 1 to {MAX_NAME_CHARS} characters")));
     }
     Ok(name)
 }
@@ -52,7 +61,7 @@ pub struct ProjectCreated {
 
 /// Create a project and its first API key (its secret is shown only in this response).
 #[utoipa::path(post, path = "/v1/admin/organizations/{org_id}/projects", tag = "admin", request_body = CreateNamed,
-    params(("org_id" = String, Path, description = "Organization id (org_...)")),
+    params(("org_id" = crate::schema::OrganizationId, Path, description = "Organization id (org_...)")),
     security(("admin_token" = [])),
     responses((status = 201, body = ProjectCreated), BodyByIdErrors))]
 pub async fn create_project(

@@ -17,8 +17,17 @@ use crate::error::responses::*;
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateApiKey {
+    /// At most 200 characters.
     #[serde(default)]
+    #[schema(schema_with = name_schema)]
     pub name: String,
+}
+
+/// The longest API key name.
+pub const MAX_NAME_CHARS: usize = 200;
+
+fn name_schema() -> utoipa::openapi::Object {
+    crate::schema::text(MAX_NAME_CHARS).build()
 }
 
 /// Create an API key for the caller's project; the secret is shown only in this response.
@@ -30,8 +39,8 @@ pub async fn create(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<CreateApiKey>,
 ) -> ApiResult<(StatusCode, Json<NewApiKey>)> {
-    if body.name.chars().count() > 200 {
-        return Err(ApiError::invalid("name", "name must be at most 200 characters"));
+    if body.name.chars().count() > MAX_NAME_CHARS {
+        return Err(ApiError::invalid("name", format!("name must be at most {MAX_NAME_CHARS} characters")));
     }
     let client = state.pool.get().await?;
     let key = tenancy::create_api_key(&**client, principal.project_id, body.name.trim())
@@ -52,7 +61,7 @@ pub async fn list(Project(principal): Project, State(state): State<AppState>) ->
 
 /// Revoke an API key; it stops working at once.
 #[utoipa::path(delete, path = "/v1/api-keys/{id}", tag = "api-keys",
-    params(("id" = String, Path, description = "API key id (key_...)")),
+    params(("id" = crate::schema::ApiKeyId, Path, description = "API key id (key_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 204, description = "Revoked"), ByIdErrors))]
 pub async fn revoke(

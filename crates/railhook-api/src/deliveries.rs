@@ -71,12 +71,14 @@ where
 }
 
 /// Whether the time range `[after, before)` can hold nothing.
-fn empty_range(after: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>) -> bool {
+fn is_empty_range(after: Option<DateTime<Utc>>, before: Option<DateTime<Utc>>) -> bool {
     matches!((after, before), (Some(a), Some(b)) if b <= a)
 }
 
-fn empty_range_message(before_field: &str, after_field: &str) -> String {
-    format!("{before_field} must be later than {after_field}: the range is empty")
+/// `invalid_range` naming `before_field` (400 in a query, 422 in a body): a rule between two
+/// fields, which the OpenAPI document cannot state.
+fn empty_range(status: StatusCode, before_field: &str, after_field: &str) -> ApiError {
+    ApiError::new(status, "invalid_range", format!("{before_field} must be later than {after_field}: the range is empty")).with_field(before_field)
 }
 
 fn check_extra_attempts(value: Option<i64>) -> Result<i32, ApiError> {
@@ -108,10 +110,10 @@ pub struct ListQuery {
 
 /// The project's Deliveries in id (= creation) order, filtered.
 #[utoipa::path(get, path = "/v1/deliveries", tag = "deliveries",
-    params(("status" = Option<String>, Query, description = "PENDING, PROCESSING, SUCCESS or FAILED"),
-           ("endpoint_id" = Option<String>, Query, description = "ep_..."), ("event_id" = Option<String>, Query, description = "evt_..."),
-           ("created_after" = Option<String>, Query, description = "RFC 3339, inclusive"), ("created_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("status" = Option<crate::schema::DeliveryStatus>, Query, description = "PENDING, PROCESSING, SUCCESS or FAILED"),
+           ("endpoint_id" = Option<crate::schema::EndpointId>, Query, description = "ep_..."), ("event_id" = Option<crate::schema::EventId>, Query, description = "evt_..."),
+           ("created_after" = Option<crate::schema::Time>, Query, description = "RFC 3339, inclusive"), ("created_before" = Option<crate::schema::Time>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::DeliveryId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Delivery>), ListErrors))]
 pub async fn list(
@@ -129,8 +131,8 @@ pub async fn list(
         .transpose()?;
     let created_after = query_time("created_after", q.created_after.as_deref())?;
     let created_before = query_time("created_before", q.created_before.as_deref())?;
-    if empty_range(created_after, created_before) {
-        return Err(bad_query("created_before", empty_range_message("created_before", "created_after")));
+    if is_empty_range(created_after, created_before) {
+        return Err(empty_range(StatusCode::BAD_REQUEST, "created_before", "created_after"));
     }
     let filter = DeliveryFilter {
         status,
@@ -147,7 +149,7 @@ pub async fn list(
 }
 
 #[utoipa::path(get, path = "/v1/deliveries/{id}", tag = "deliveries",
-    params(("id" = String, Path, description = "Delivery id (dlv_...)")),
+    params(("id" = crate::schema::DeliveryId, Path, description = "Delivery id (dlv_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Delivery), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Delivery>> {
@@ -166,8 +168,8 @@ pub struct PageQuery {
 
 /// The Delivery's Attempts in attempt order, with what the receiver answered.
 #[utoipa::path(get, path = "/v1/deliveries/{id}/attempts", tag = "deliveries",
-    params(("id" = String, Path, description = "Delivery id (dlv_...)"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("id" = crate::schema::DeliveryId, Path, description = "Delivery id (dlv_...)"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::AttemptId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Attempt>), ByIdErrors))]
 pub async fn attempts(
@@ -192,6 +194,8 @@ pub async fn attempts(
 #[serde(deny_unknown_fields)]
 pub struct RetryDelivery {
     /// Attempts to add beyond those made: 1 to 20, default 1.
+    #[schema(schema_with = extra_attempts_schema)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub extra_attempts: Option<i64>,
 }
 
@@ -200,7 +204,7 @@ pub struct RetryDelivery {
 /// statement. The body is optional.
 #[utoipa::path(post, path = "/v1/deliveries/{id}/retry", tag = "deliveries",
     request_body(content = RetryDelivery, description = "Optional; may be left out entirely"),
-    params(("id" = String, Path, description = "Delivery id (dlv_...)")),
+    params(("id" = crate::schema::DeliveryId, Path, description = "Delivery id (dlv_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Back on the ladder", body = Delivery),
         (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::error::ErrorBody),
@@ -243,9 +247,9 @@ pub struct FailedQuery {
 /// Failed Messages: the project's FAILED Deliveries in id (= creation) order, filtered by
 /// Endpoint, event type and when they failed.
 #[utoipa::path(get, path = "/v1/failed-messages", tag = "failed-messages",
-    params(("endpoint_id" = Option<String>, Query, description = "ep_..."), ("event_type" = Option<String>, Query, description = "An exact event type"),
-           ("completed_after" = Option<String>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("endpoint_id" = Option<crate::schema::EndpointId>, Query, description = "ep_..."), ("event_type" = Option<crate::schema::EventType>, Query, description = "An exact event type"),
+           ("completed_after" = Option<crate::schema::Time>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<crate::schema::Time>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::DeliveryId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<FailedMessage>), ListErrors))]
 pub async fn failed(
@@ -261,8 +265,8 @@ pub async fn failed(
     }
     let completed_after = query_time("completed_after", q.completed_after.as_deref())?;
     let completed_before = query_time("completed_before", q.completed_before.as_deref())?;
-    if empty_range(completed_after, completed_before) {
-        return Err(bad_query("completed_before", empty_range_message("completed_before", "completed_after")));
+    if is_empty_range(completed_after, completed_before) {
+        return Err(empty_range(StatusCode::BAD_REQUEST, "completed_before", "completed_after"));
     }
     let filter = FailedFilter {
         endpoint_id: query_id::<EndpointId>("endpoint_id", q.endpoint_id.as_deref())?,
@@ -281,29 +285,38 @@ pub async fn failed(
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailedMessageFilter {
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<crate::schema::EndpointId>)]
     pub endpoint_id: Option<EndpointId>,
     /// An exact event type.
+    #[schema(value_type = Option<crate::schema::EventType>)]
     pub event_type: Option<String>,
     /// RFC 3339, inclusive.
+    #[schema(value_type = Option<crate::schema::Time>)]
     pub completed_after: Option<String>,
-    /// RFC 3339, exclusive.
+    /// RFC 3339, exclusive; later than `completed_after` (422 `invalid_range` otherwise).
+    #[schema(value_type = Option<crate::schema::Time>)]
     pub completed_before: Option<String>,
 }
 
-/// Exactly one of `ids` and `filter`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) fn extra_attempts_schema() -> utoipa::openapi::Object {
+    crate::schema::nullable_integer(EXTRA_ATTEMPTS).build()
+}
+
+/// Exactly one of `ids` and `filter`: the schema is a `oneOf` of the two shapes (see the
+/// `PartialSchema` below; the fields' docs are there).
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkRetry {
     /// Up to 1000 Delivery ids. Unknown ones, other projects' and those not FAILED are
     /// reported in `skipped`, not refused.
-    #[schema(value_type = Option<Vec<String>>)]
     pub ids: Option<Vec<DeliveryId>>,
     pub filter: Option<FailedMessageFilter>,
     /// Attempts to add to each: 1 to 20, default 1.
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub extra_attempts: Option<i64>,
     /// With `filter` only: how many to retry at most, 1 to 1000, default 1000 (oldest
     /// first). Call again until `retried` is 0 to drain a larger backlog.
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub limit: Option<i64>,
 }
 
@@ -318,6 +331,51 @@ pub struct BulkRetried {
     pub skipped: Vec<SkippedDelivery>,
 }
 
+impl utoipa::PartialSchema for BulkRetry {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        bulk_retry_schema::<crate::schema::DeliveryId>("Delivery", "FailedMessageFilter", MAX_BULK_RETRY, EXTRA_ATTEMPTS)
+    }
+}
+
+impl utoipa::ToSchema for BulkRetry {}
+
+/// The two shapes of a bulk retry: `{ids, extra_attempts?}` or `{filter, limit?,
+/// extra_attempts?}`, each closed; shared with `/v1/failed-forwards/retry`.
+pub(crate) fn bulk_retry_schema<Id: utoipa::ToSchema>(
+    what: &str,
+    filter: &str,
+    max: usize,
+    extra_attempts: RangeInclusive<i64>,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{OneOfBuilder, Ref};
+    let by_ids = crate::schema::closed_object()
+        .property(
+            "ids",
+            crate::schema::array(Ref::from_schema_name(Id::name()), 1, max)
+                .description(Some(format!("1 to {max} {what} ids. Unknown ones, other projects' and those not FAILED are reported in `skipped`, not refused."))),
+        )
+        .required("ids")
+        .property("extra_attempts", crate::schema::nullable_integer(extra_attempts.clone()));
+    let by_filter = crate::schema::closed_object()
+        .property("filter", Ref::from_schema_name(filter))
+        .required("filter")
+        .property("extra_attempts", crate::schema::nullable_integer(extra_attempts.clone()))
+        .property(
+            "limit",
+            crate::schema::nullable_integer(1..=max as i64)
+                .description(Some(format!("How many to retry at most, default {max} (oldest first). Call again until `retried` is 0 to drain a larger backlog."))),
+        );
+    OneOfBuilder::new()
+        .item(by_ids)
+        .item(by_filter)
+        .description(Some(format!(
+            "Exactly one of `ids` and `filter`; `extra_attempts` ({} to {}, default 1) are added to each.",
+            extra_attempts.start(),
+            extra_attempts.end()
+        )))
+        .into()
+}
+
 fn body_time(field: &str, raw: Option<&str>) -> Result<Option<DateTime<Utc>>, ApiError> {
     raw.map(|s| parse_time(s).ok_or_else(|| ApiError::invalid(field, format!("{field} must be {TIME_HINT}")))).transpose()
 }
@@ -328,8 +386,8 @@ fn failed_filter(f: FailedMessageFilter) -> Result<FailedFilter, ApiError> {
     }
     let completed_after = body_time("filter.completed_after", f.completed_after.as_deref())?;
     let completed_before = body_time("filter.completed_before", f.completed_before.as_deref())?;
-    if empty_range(completed_after, completed_before) {
-        return Err(ApiError::invalid("filter.completed_before", empty_range_message("filter.completed_before", "filter.completed_after")));
+    if is_empty_range(completed_after, completed_before) {
+        return Err(empty_range(StatusCode::UNPROCESSABLE_ENTITY, "filter.completed_before", "filter.completed_after"));
     }
     Ok(FailedFilter { endpoint_id: f.endpoint_id, event_type: f.event_type, completed_after, completed_before })
 }

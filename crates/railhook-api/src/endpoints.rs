@@ -41,17 +41,57 @@ pub const MAX_HEADER_VALUE_LEN: usize = 4096;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
+    /// Its host must resolve to addresses `network.allow_cidrs` allows (422 `url_unresolvable`
+    /// or `url_not_allowed` otherwise).
+    #[schema(schema_with = url_schema)]
     pub url: String,
     #[serde(default)]
+    #[schema(schema_with = description_or_null)]
     pub description: Option<String>,
     pub enabled: Option<bool>,
     /// `whsec_` + base64; generated when absent.
+    #[schema(schema_with = secret_or_null)]
     pub secret: Option<String>,
     /// 1 to 10 000.
+    #[schema(schema_with = rate_limit_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub rate_limit_per_second: Option<i64>,
-    /// Sent with every request; at most 20, no hop-by-hop header and none Railhook sets.
-    #[schema(value_type = Option<std::collections::BTreeMap<String, String>>)]
+    /// Sent with every request; at most 20, no hop-by-hop header and none Railhook sets;
+    /// names are case-insensitive (two that differ only in case: 422 `duplicate_header`).
+    #[schema(schema_with = headers_or_null)]
     pub headers: Option<EndpointHeaders>,
+}
+
+fn url_schema() -> utoipa::openapi::Object {
+    crate::schema::url().build()
+}
+
+fn description_schema() -> utoipa::openapi::Object {
+    crate::schema::text(MAX_DESCRIPTION_CHARS).build()
+}
+
+fn description_or_null() -> utoipa::openapi::schema::Schema {
+    crate::schema::or_null(description_schema())
+}
+
+fn secret_or_null() -> utoipa::openapi::schema::Schema {
+    crate::schema::or_null(crate::schema::endpoint_secret())
+}
+
+pub(crate) fn rate_limit_or_null() -> utoipa::openapi::Object {
+    crate::schema::nullable_integer(RATE_LIMIT_PER_SECOND).build()
+}
+
+fn headers_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .max_properties(Some(MAX_HEADERS))
+        .property_names(Some(crate::schema::custom_header_name(MAX_HEADER_NAME_LEN)))
+        .additional_properties(Some(crate::schema::visible_ascii(MAX_HEADER_VALUE_LEN, false)))
+        .build()
+}
+
+fn headers_or_null() -> utoipa::openapi::schema::Schema {
+    crate::schema::or_null(headers_schema())
 }
 
 /// Any subset of the fields; `rate_limit_per_second: null` removes the limit.
@@ -59,19 +99,19 @@ pub struct CreateEndpoint {
 #[serde(deny_unknown_fields)]
 pub struct UpdateEndpoint {
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = url_schema)]
     pub url: Option<Option<String>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = description_schema)]
     pub description: Option<Option<String>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = bool)]
     pub enabled: Option<Option<bool>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>)]
+    #[serde(default, deserialize_with = "crate::extract::present_int")]
+    #[schema(schema_with = rate_limit_or_null)]
     pub rate_limit_per_second: Option<Option<i64>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<std::collections::BTreeMap<String, String>>)]
+    #[schema(schema_with = headers_schema)]
     pub headers: Option<Option<EndpointHeaders>>,
 }
 
@@ -79,6 +119,7 @@ pub struct UpdateEndpoint {
 #[serde(deny_unknown_fields)]
 pub struct RotateSecret {
     /// The new secret; generated when absent.
+    #[schema(schema_with = secret_or_null)]
     pub secret: Option<String>,
 }
 
@@ -125,13 +166,18 @@ pub(crate) async fn check_url(config: &Config, resolver: &Resolver, raw: &str) -
     Ok(url.as_str().to_string())
 }
 
+/// 422 `url_unresolvable`: the URL is well formed but its host has no address (now).
+fn unresolvable(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "url_unresolvable", message).with_field("url")
+}
+
 async fn resolve(resolver: &Resolver, host: &str) -> Result<Vec<IpAddr>, ApiError> {
     let addresses = tokio::time::timeout(DNS_TIMEOUT, resolver(host))
         .await
-        .map_err(|_| invalid_url(format!("the host {host} did not resolve within {} s", DNS_TIMEOUT.as_secs())))?
-        .map_err(|e| invalid_url(format!("the host {host} does not resolve: {e}")))?;
+        .map_err(|_| unresolvable(format!("the host {host} did not resolve within {} s", DNS_TIMEOUT.as_secs())))?
+        .map_err(|e| unresolvable(format!("the host {host} does not resolve: {e}")))?;
     if addresses.is_empty() {
-        return Err(invalid_url(format!("the host {host} has no addresses")));
+        return Err(unresolvable(format!("the host {host} has no addresses")));
     }
     Ok(addresses)
 }
@@ -161,7 +207,8 @@ fn check_headers(headers: &EndpointHeaders) -> Result<(), ApiError> {
             return Err(ApiError::invalid(field, format!("{name} is a hop-by-hop header or one Railhook sets itself")));
         }
         if !seen.insert(lower) {
-            return Err(ApiError::invalid(field, format!("{name} is given twice (header names are case-insensitive)")));
+            return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "duplicate_header", format!("{name} is given twice (header names are case-insensitive)"))
+                .with_field(field));
         }
         if value.len() > MAX_HEADER_VALUE_LEN
             || !value.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
@@ -242,7 +289,7 @@ pub struct ListQuery {
 
 /// The project's Endpoints in id order, a page at a time.
 #[utoipa::path(get, path = "/v1/endpoints", tag = "endpoints",
-    params(("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::EndpointId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Endpoint>), ListErrors))]
 pub async fn list(
@@ -260,7 +307,7 @@ pub async fn list(
 }
 
 #[utoipa::path(get, path = "/v1/endpoints/{id}", tag = "endpoints",
-    params(("id" = String, Path, description = "Endpoint id (ep_...)")),
+    params(("id" = crate::schema::EndpointId, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Endpoint), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Endpoint>> {
@@ -272,7 +319,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 
 /// Change any subset of the fields; `rate_limit_per_second: null` removes the limit.
 #[utoipa::path(patch, path = "/v1/endpoints/{id}", tag = "endpoints", request_body = UpdateEndpoint,
-    params(("id" = String, Path, description = "Endpoint id (ep_...)")),
+    params(("id" = crate::schema::EndpointId, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Endpoint), BodyByIdErrors))]
 pub async fn update(
@@ -304,7 +351,7 @@ pub async fn update(
 
 /// Delete the Endpoint with its secrets, Subscriptions and Deliveries.
 #[utoipa::path(delete, path = "/v1/endpoints/{id}", tag = "endpoints",
-    params(("id" = String, Path, description = "Endpoint id (ep_...)")),
+    params(("id" = crate::schema::EndpointId, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
@@ -323,7 +370,7 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
 /// `{}` or nothing at all.
 #[utoipa::path(post, path = "/v1/endpoints/{id}/rotate-secret", tag = "endpoints",
     request_body(content = RotateSecret, description = "Optional; may be left out entirely"),
-    params(("id" = String, Path, description = "Endpoint id (ep_...)")),
+    params(("id" = crate::schema::EndpointId, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = SecretRotated), BodyByIdErrors))]
 pub async fn rotate_secret(
@@ -347,7 +394,7 @@ pub async fn rotate_secret(
 
 /// The current secret and the rotated-out ones that still sign.
 #[utoipa::path(get, path = "/v1/endpoints/{id}/secret", tag = "endpoints",
-    params(("id" = String, Path, description = "Endpoint id (ep_...)")),
+    params(("id" = crate::schema::EndpointId, Path, description = "Endpoint id (ep_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = EndpointSecretView), ByIdErrors))]
 pub async fn secret(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<EndpointSecretView>> {

@@ -24,10 +24,27 @@ pub const IDEMPOTENCY_KEY_MAX: usize = 255;
 #[serde(deny_unknown_fields)]
 pub struct CreateEvent {
     #[serde(rename = "type")]
+    #[schema(value_type = crate::schema::EventType)]
     pub event_type: String,
-    #[schema(value_type = Object)]
+    #[schema(schema_with = crate::schema::payload)]
     pub payload: serde_json::Value,
 }
+
+/// `Idempotency-Key`: 1 to [`IDEMPOTENCY_KEY_MAX`] visible ASCII characters.
+pub struct IdempotencyKey;
+
+impl utoipa::PartialSchema for IdempotencyKey {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some("^[!-~]+$"))
+            .min_length(Some(1))
+            .max_length(Some(IDEMPOTENCY_KEY_MAX))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for IdempotencyKey {}
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
@@ -58,7 +75,7 @@ fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
 /// Ingest an Event: one transaction writes the Event, a Delivery per matching enabled
 /// Subscription and an Outbox row per Delivery.
 #[utoipa::path(post, path = "/v1/events", tag = "events", request_body = CreateEvent,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Unique per project; a retry returns the same Event")),
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header, description = "Unique per project; a retry returns the same Event")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses(
         (status = 201, description = "Created", body = railhook_store::events::Event),
@@ -125,9 +142,9 @@ fn time_param(field: &'static str, raw: &Option<String>) -> Result<Option<DateTi
 
 /// List Events, oldest first, filtered by type and time range.
 #[utoipa::path(get, path = "/v1/events", tag = "events",
-    params(("type" = Option<String>, Query), ("from" = Option<String>, Query, description = "RFC 3339, inclusive"),
-           ("to" = Option<String>, Query, description = "RFC 3339, exclusive"), ("limit" = Option<i64>, Query, description = "1-200, default 50"),
-           ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("type" = Option<crate::schema::EventType>, Query, description = "An exact event type"), ("from" = Option<crate::schema::Time>, Query, description = "RFC 3339, inclusive"),
+           ("to" = Option<crate::schema::Time>, Query, description = "RFC 3339, exclusive"), ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"),
+           ("cursor" = Option<crate::schema::EventId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<railhook_store::events::Event>), ListErrors))]
 pub async fn list(
@@ -155,7 +172,7 @@ pub async fn list(
 
 /// An Event with its Deliveries and their statuses.
 #[utoipa::path(get, path = "/v1/events/{id}", tag = "events",
-    params(("id" = String, Path, description = "Event id (evt_...)")),
+    params(("id" = crate::schema::EventId, Path, description = "Event id (evt_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = railhook_store::events::Event), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Response> {

@@ -34,6 +34,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             .with_field("content-type"));
         }
         let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
+        // Every body is an object; serde would otherwise read an array as the struct's
+        // fields in order (and `[]` as all of them left out).
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(ApiError::invalid("body", "the body must be a JSON object"));
+        }
         parse_json(&bytes).map(ApiJson)
     }
 }
@@ -234,6 +239,58 @@ fn credential(headers: &HeaderMap) -> Option<&str> {
 /// Use with `#[serde(default, deserialize_with = "present")]`.
 pub fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
+}
+
+/// An integer as JSON Schema reads one: `3` and `3.0` alike (a number without a fraction),
+/// so the integral float some JSON libraries print is accepted; `3.5`, `1e300` or a string are
+/// refused (422 naming the field).
+pub struct Int(pub i64);
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Int, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Int;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Int, E> {
+                Ok(Int(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Int, E> {
+                i64::try_from(v).map(Int).map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &"an integer in the 64-bit signed range"))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Int, E> {
+                // 2^63 is the first float past i64::MAX; -2^63 is i64::MIN itself.
+                if v.fract() == 0.0 && (-9_223_372_036_854_775_808.0..9_223_372_036_854_775_808.0).contains(&v) {
+                    Ok(Int(v as i64))
+                } else {
+                    Err(E::invalid_type(serde::de::Unexpected::Float(v), &"an integer"))
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// `Option<i64>` through [`Int`]; use with `#[serde(default, deserialize_with = "...")]`.
+pub fn int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    Option::<Int>::deserialize(d).map(|o| o.map(|i| i.0))
+}
+
+/// `Option<Vec<i64>>` through [`Int`].
+pub fn ints<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<i64>>, D::Error> {
+    Option::<Vec<Int>>::deserialize(d).map(|o| o.map(|v| v.into_iter().map(|i| i.0).collect()))
+}
+
+/// [`present`] for an integer field.
+pub fn present_int<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+    int(d).map(Some)
+}
+
+/// [`present`] for a list of integers.
+pub fn present_ints<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Vec<i64>>>, D::Error> {
+    ints(d).map(Some)
 }
 
 /// A PATCH field that may be absent but not `null`.

@@ -76,7 +76,10 @@ fn range(after: (&str, Option<&str>), before: (&str, Option<&str>), error: fn(&s
     let time = |(field, raw): (&str, Option<&str>)| raw.map(|s| parse_time(s).ok_or_else(|| error(field, format!("{field} must be {TIME_HINT}")))).transpose();
     let (a, b) = (time(after)?, time(before)?);
     if matches!((a, b), (Some(a), Some(b)) if b <= a) {
-        return Err(error(before.0, format!("{} must be later than {}: the range is empty", before.0, after.0)));
+        // A rule between two fields the OpenAPI document cannot state: its own code.
+        let mut e = error(before.0, format!("{} must be later than {}: the range is empty", before.0, after.0));
+        e.code = "invalid_range";
+        return Err(e);
     }
     Ok((a, b))
 }
@@ -87,6 +90,8 @@ fn range(after: (&str, Option<&str>), before: (&str, Option<&str>), error: fn(&s
 #[serde(deny_unknown_fields)]
 pub struct RetryForward {
     /// Attempts to add beyond those made: 1 to 20, default 1.
+    #[schema(schema_with = extra_attempts_schema)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub extra_attempts: Option<i64>,
 }
 
@@ -95,7 +100,7 @@ pub struct RetryForward {
 /// `Idempotency-Key` stays the Forward id. The body is optional.
 #[utoipa::path(post, path = "/v1/forwards/{id}/retry", tag = "forwards",
     request_body(content = RetryForward, description = "Optional; may be left out entirely"),
-    params(("id" = String, Path, description = "Forward id (fwd_...)")),
+    params(("id" = crate::schema::ForwardId, Path, description = "Forward id (fwd_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Back on the ladder", body = ForwardSummary),
         (status = 409, description = "Not FAILED (code not_failed; the message gives the status)", body = crate::error::ErrorBody),
@@ -136,9 +141,9 @@ pub struct FailedQuery {
 /// The failed Forwards: the project's FAILED Forwards in id (= creation) order, filtered by
 /// Source, Destination and when they failed.
 #[utoipa::path(get, path = "/v1/failed-forwards", tag = "forwards",
-    params(("source_id" = Option<String>, Query, description = "src_..."), ("destination_id" = Option<String>, Query, description = "dst_..."),
-           ("completed_after" = Option<String>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("source_id" = Option<crate::schema::SourceId>, Query, description = "src_..."), ("destination_id" = Option<crate::schema::DestinationId>, Query, description = "dst_..."),
+           ("completed_after" = Option<crate::schema::Time>, Query, description = "RFC 3339, inclusive: failed at or after"), ("completed_before" = Option<crate::schema::Time>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::ForwardId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<ForwardSummary>), ListErrors))]
 pub async fn failed(
@@ -168,29 +173,36 @@ pub async fn failed(
 #[derive(Debug, Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailedForwardsFilter {
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<crate::schema::SourceId>)]
     pub source_id: Option<SourceId>,
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<crate::schema::DestinationId>)]
     pub destination_id: Option<DestinationId>,
     /// RFC 3339, inclusive.
+    #[schema(value_type = Option<crate::schema::Time>)]
     pub completed_after: Option<String>,
-    /// RFC 3339, exclusive.
+    /// RFC 3339, exclusive; later than `completed_after` (422 `invalid_range` otherwise).
+    #[schema(value_type = Option<crate::schema::Time>)]
     pub completed_before: Option<String>,
 }
 
-/// Exactly one of `ids` and `filter`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+fn extra_attempts_schema() -> utoipa::openapi::Object {
+    crate::schema::nullable_integer(EXTRA_ATTEMPTS).build()
+}
+
+/// Exactly one of `ids` and `filter` (a `oneOf` of the two shapes in the document).
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BulkForwardRetry {
     /// Up to 1000 Forward ids. Unknown ones, other projects' and those not FAILED are
     /// reported in `skipped`, not refused.
-    #[schema(value_type = Option<Vec<String>>)]
     pub ids: Option<Vec<ForwardId>>,
     pub filter: Option<FailedForwardsFilter>,
     /// Attempts to add to each: 1 to 20, default 1.
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub extra_attempts: Option<i64>,
     /// With `filter` only: how many at most, 1 to 1000, default 1000 (oldest first). Call
     /// again until `retried` is 0 to drain a larger backlog.
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub limit: Option<i64>,
 }
 
@@ -204,6 +216,14 @@ pub struct BulkForwardRetried {
     /// For a retry by ids: those not retried, and why.
     pub skipped: Vec<SkippedForward>,
 }
+
+impl utoipa::PartialSchema for BulkForwardRetry {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::deliveries::bulk_retry_schema::<crate::schema::ForwardId>("Forward", "FailedForwardsFilter", MAX_BULK_RETRY, EXTRA_ATTEMPTS)
+    }
+}
+
+impl utoipa::ToSchema for BulkForwardRetry {}
 
 fn ids_or_filter(field: &str, message: &str) -> ApiError {
     ApiError::bad_request("ids_or_filter", message).with_field(field)
@@ -271,7 +291,7 @@ pub async fn retry_failed(
 pub struct ReplayIncomingEvent {
     /// One Destination of the Incoming Event's Source (enabled); left out: every enabled
     /// Destination of the Source.
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<crate::schema::DestinationId>)]
     pub destination_id: Option<DestinationId>,
 }
 
@@ -286,7 +306,7 @@ pub struct Replayed {
 /// to it exists already. The body is optional.
 #[utoipa::path(post, path = "/v1/incoming-events/{id}/replay", tag = "incoming-events",
     request_body(content = ReplayIncomingEvent, description = "Optional; may be left out entirely"),
-    params(("id" = String, Path, description = "Incoming Event id (ine_...)")),
+    params(("id" = crate::schema::IncomingEventId, Path, description = "Incoming Event id (ine_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "New Forwards, announced", body = Replayed),
         (status = 409, description = "The Destination named is disabled (code destination_disabled)", body = crate::error::ErrorBody),
@@ -304,7 +324,7 @@ pub async fn replay(
     match forward::replay(&**client, principal.project_id, id, body.destination_id).await? {
         ReplayOutcome::Replayed(forwards) => Ok((StatusCode::ACCEPTED, Json(Replayed { forwards }))),
         ReplayOutcome::NotFound => Err(ApiError::not_found("incoming event")),
-        ReplayOutcome::DestinationNotFound => Err(ApiError::invalid("destination_id", "destination_id is not a Destination of this Incoming Event's Source")),
+        ReplayOutcome::DestinationNotFound => Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "destination_id is not a Destination of this Incoming Event's Source").with_field("destination_id")),
         ReplayOutcome::DestinationDisabled => Err(ApiError::new(StatusCode::CONFLICT, "destination_disabled", "the Destination is disabled: enable it, then replay").with_field("destination_id")),
     }
 }

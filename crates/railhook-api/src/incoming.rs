@@ -179,9 +179,9 @@ fn time(field: &'static str, raw: Option<String>) -> Result<Option<DateTime<Utc>
 
 /// The project's Incoming Events in arrival order, a page at a time.
 #[utoipa::path(get, path = "/v1/incoming-events", tag = "incoming-events",
-    params(("source_id" = Option<String>, Query, description = "src_..."), ("provider_event_id" = Option<String>, Query, description = "The provider's event id"),
-           ("received_after" = Option<String>, Query, description = "RFC 3339, inclusive"), ("received_before" = Option<String>, Query, description = "RFC 3339, exclusive"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("source_id" = Option<crate::schema::SourceId>, Query, description = "src_..."), ("provider_event_id" = Option<String>, Query, description = "The provider's event id"),
+           ("received_after" = Option<crate::schema::Time>, Query, description = "RFC 3339, inclusive"), ("received_before" = Option<crate::schema::Time>, Query, description = "RFC 3339, exclusive"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::IncomingEventId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<IncomingEvent>), ListErrors))]
 pub async fn list(
@@ -212,7 +212,7 @@ pub async fn list(
 
 /// The Incoming Event as it arrived, with its Forwards and their Attempts.
 #[utoipa::path(get, path = "/v1/incoming-events/{id}", tag = "incoming-events",
-    params(("id" = String, Path, description = "Incoming Event id (ine_...)")),
+    params(("id" = crate::schema::IncomingEventId, Path, description = "Incoming Event id (ine_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = IncomingEvent), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<IncomingEvent>> {

@@ -26,6 +26,7 @@ pub mod ingress;
 pub mod openapi;
 pub mod pagination;
 pub mod replays;
+pub mod schema;
 pub mod sources;
 pub mod subscriptions;
 

@@ -6,6 +6,7 @@ use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder
 use utoipa::{Modify, OpenApi};
 
 use crate::error::{ErrorBody, ErrorDetail};
+use crate::schema;
 
 struct Security;
 
@@ -78,7 +79,34 @@ impl Modify for Security {
         crate::replays::cancel,
         crate::ingress::receive,
     ),
-    components(schemas(ErrorBody, ErrorDetail)),
+    components(schemas(
+        ErrorBody,
+        ErrorDetail,
+        schema::OrganizationId,
+        schema::ApiKeyId,
+        schema::EventId,
+        schema::EndpointId,
+        schema::SubscriptionId,
+        schema::DeliveryId,
+        schema::AttemptId,
+        schema::SourceId,
+        schema::IncomingEventId,
+        schema::DestinationId,
+        schema::ForwardId,
+        schema::ReplayId,
+        schema::Limit,
+        schema::Time,
+        schema::EventType,
+        schema::EventTypePattern,
+        schema::DeliveryStatus,
+        schema::JsonValue,
+        crate::events::IdempotencyKey,
+        crate::deliveries::FailedMessageFilter,
+        crate::deliveries::BulkRetry,
+        crate::forwards::FailedForwardsFilter,
+        crate::forwards::BulkForwardRetry,
+        crate::sources::DestinationAuthInput,
+    )),
     modifiers(&Security)
 )]
 pub struct ApiDoc;

@@ -32,17 +32,39 @@ pub const MAX_ENDPOINTS: usize = 100;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateReplay {
-    /// RFC 3339, inclusive: Events stored at or after.
+    /// RFC 3339, inclusive: Events stored at or after; in the past (422 `invalid_range`
+    /// otherwise).
+    #[schema(value_type = crate::schema::Time)]
     pub from: Option<String>,
-    /// RFC 3339, exclusive; later than now is taken as now.
+    /// RFC 3339, exclusive; later than `from`, at most `replay.max_range_days` after it (422
+    /// `invalid_range` otherwise); later than now is taken as now.
+    #[schema(value_type = crate::schema::Time)]
     pub to: Option<String>,
     /// Subscription-style patterns (`order.paid`, `order.*`, `**`); left out: every type.
+    #[schema(schema_with = event_types_schema)]
     pub event_types: Option<Vec<String>>,
-    /// `ep_...` ids of this project; left out: every Endpoint.
+    /// `ep_...` ids of this project (404 for one that is not); left out: every Endpoint.
+    #[schema(schema_with = endpoint_ids_schema)]
     pub endpoint_ids: Option<Vec<String>>,
     /// Only count the Deliveries it would make.
     #[serde(default)]
     pub dry_run: bool,
+}
+
+fn event_types_schema() -> utoipa::openapi::schema::Schema {
+    let items = utoipa::openapi::schema::Ref::from_schema_name("EventTypePattern");
+    crate::schema::or_null(crate::schema::array(items, 1, MAX_EVENT_TYPES).build())
+}
+
+fn endpoint_ids_schema() -> utoipa::openapi::schema::Schema {
+    let items = utoipa::openapi::schema::Ref::from_schema_name("EndpointId");
+    crate::schema::or_null(crate::schema::array(items, 1, MAX_ENDPOINTS).build())
+}
+
+/// 422 `invalid_range` naming `field`: a rule between `from`, `to` and the clock, which the
+/// OpenAPI document cannot state.
+fn invalid_range(field: &str, message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_range", message).with_field(field)
 }
 
 /// The answer to a dry run.
@@ -64,14 +86,14 @@ fn time(field: &'static str, raw: Option<&str>) -> Result<DateTime<Utc>, ApiErro
 fn time_range(body: &CreateReplay, max_days: i64, now: DateTime<Utc>) -> Result<(DateTime<Utc>, DateTime<Utc>), ApiError> {
     let (from, to) = (time("from", body.from.as_deref())?, time("to", body.to.as_deref())?);
     if to <= from {
-        return Err(ApiError::invalid("to", "to must be later than from: the range is empty"));
+        return Err(invalid_range("to", "to must be later than from: the range is empty"));
     }
     if from >= now {
-        return Err(ApiError::invalid("from", "from must be in the past: nothing is stored after now"));
+        return Err(invalid_range("from", "from must be in the past: nothing is stored after now"));
     }
     let to = to.min(now);
     if to - from > chrono::Duration::days(max_days) {
-        return Err(ApiError::invalid("to", format!("the range from `from` to `to` may span at most {max_days} days (replay.max_range_days)")));
+        return Err(invalid_range("to", format!("the range from `from` to `to` may span at most {max_days} days (replay.max_range_days)")));
     }
     Ok((from, to))
 }
@@ -100,7 +122,7 @@ async fn filter(db: &impl railhook_store::lifecycle::Prepared, project: ProjectI
     let filter = ReplayFilter { from, to, event_types: event_types(body.event_types.as_deref())?, endpoint_ids: endpoint_ids(body.endpoint_ids.as_deref())? };
     if let Some(ids) = &filter.endpoint_ids {
         if let Some(unknown) = replays::unknown_endpoints(db, project, ids).await?.first() {
-            return Err(ApiError::invalid("endpoint_ids", format!("{unknown} is not an Endpoint of this project")));
+            return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("{unknown} is not an Endpoint of this project")).with_field("endpoint_ids"));
         }
     }
     Ok(filter)
@@ -112,6 +134,7 @@ async fn filter(db: &impl railhook_store::lifecycle::Prepared, project: ProjectI
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 202, description = "Started", body = Replay),
         (status = 200, description = "dry_run: the Deliveries it would make", body = DryRun),
+        (status = 404, description = "An `endpoint_ids` entry is not an Endpoint of this project", body = crate::error::ErrorBody),
         (status = 409, description = "The project has a running Replay (code replay_running)", body = crate::error::ErrorBody),
         BodyErrors))]
 pub async fn create(Project(principal): Project, State(state): State<AppState>, ApiJson(body): ApiJson<CreateReplay>) -> ApiResult<Response> {
@@ -147,7 +170,7 @@ pub struct ListQuery {
 
 /// The project's Replays in id (= creation) order, a page at a time.
 #[utoipa::path(get, path = "/v1/replays", tag = "replays",
-    params(("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::ReplayId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Replay>), ListErrors))]
 pub async fn list(Project(principal): Project, State(state): State<AppState>, query: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<Json<List<Replay>>> {
@@ -162,7 +185,7 @@ pub async fn list(Project(principal): Project, State(state): State<AppState>, qu
 
 /// One Replay and its progress: `made` of `total` Deliveries, `state`.
 #[utoipa::path(get, path = "/v1/replays/{id}", tag = "replays",
-    params(("id" = String, Path, description = "Replay id (rpl_...)")),
+    params(("id" = crate::schema::ReplayId, Path, description = "Replay id (rpl_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Replay), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Replay>> {
@@ -173,7 +196,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 
 /// Cancel a running Replay: no Delivery is made after this answers; those made stay.
 #[utoipa::path(post, path = "/v1/replays/{id}/cancel", tag = "replays",
-    params(("id" = String, Path, description = "Replay id (rpl_...)")),
+    params(("id" = crate::schema::ReplayId, Path, description = "Replay id (rpl_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, description = "Cancelled", body = Replay),
         (status = 409, description = "Not running (code not_running; the message gives the state)", body = crate::error::ErrorBody),

@@ -76,17 +76,53 @@ impl Source {
 #[serde(deny_unknown_fields)]
 pub struct CreateSource {
     /// Defaults to the provider's name.
+    #[schema(schema_with = name_or_null)]
     pub name: Option<String>,
+    #[schema(schema_with = provider_schema)]
     pub provider: String,
-    /// `generic_hmac` only: `{"header", "algorithm": "sha1|sha256|sha512", "encoding":
-    /// "hex|base64", "prefix"?, "timestamp_header"?, "event_id_header"?}`.
-    #[schema(value_type = Option<Object>)]
+    /// `generic_hmac` only (required there; other providers take none or `{}`): `{"header",
+    /// "algorithm": "sha1|sha256|sha512", "encoding": "hex|base64", "prefix"?,
+    /// "timestamp_header"?, "event_id_header"?}`. What the provider does not take is 422
+    /// `invalid_for_provider`.
+    #[schema(schema_with = crate::schema::json_object_or_null)]
     pub config: Option<serde_json::Value>,
-    /// The provider's signing secret (SendGrid: its verification public key).
+    /// The provider's signing secret (SendGrid: its verification public key; Standard
+    /// Webhooks: `whsec_` + base64 of 24 to 64 bytes). At most 4096 bytes, no surrounding
+    /// whitespace. A secret the provider's verifier cannot use is 422 `invalid_for_provider`.
+    #[schema(schema_with = secret_schema)]
     pub secret: String,
     pub enabled: Option<bool>,
     /// 1 to 10 000.
+    #[schema(schema_with = crate::endpoints::rate_limit_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub rate_limit_per_second: Option<i64>,
+}
+
+fn name_schema() -> utoipa::openapi::Object {
+    crate::schema::trimmed_name(MAX_NAME_CHARS).build()
+}
+
+fn config_schema() -> utoipa::openapi::Object {
+    crate::schema::json_object().build()
+}
+
+fn name_or_null() -> utoipa::openapi::schema::Schema {
+    crate::schema::or_null(name_schema())
+}
+
+fn provider_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(Provider::ALL.iter().map(|p| p.as_str())))
+        .build()
+}
+
+/// A provider's secret: not empty, no surrounding whitespace, no NUL; at most 4096 bytes
+/// (stated as 1024 characters, which always fit).
+fn secret_schema() -> utoipa::openapi::Object {
+    crate::schema::trimmed_name(1024)
+        .pattern(Some(format!("^[^{ws}\\u0000](?:[^\\u0000]*[^{ws}\\u0000])?$", ws = crate::schema::WHITESPACE_CLASS)))
+        .build()
 }
 
 /// Any subset of the fields; `rate_limit_per_second: null` removes the limit. The provider
@@ -95,23 +131,26 @@ pub struct CreateSource {
 #[serde(deny_unknown_fields)]
 pub struct UpdateSource {
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = name_schema)]
     pub name: Option<Option<String>>,
+    /// As at creation; what the Source's provider does not take is 422 `invalid_for_provider`.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = config_schema)]
     pub config: Option<Option<serde_json::Value>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = bool)]
     pub enabled: Option<Option<bool>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>)]
+    #[serde(default, deserialize_with = "crate::extract::present_int")]
+    #[schema(schema_with = crate::endpoints::rate_limit_or_null)]
     pub rate_limit_per_second: Option<Option<i64>>,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RotateSourceSecret {
-    /// The provider's new secret.
+    /// The provider's new secret (as at creation; 422 `invalid_for_provider` for one its
+    /// verifier cannot use).
+    #[schema(schema_with = secret_schema)]
     pub secret: String,
 }
 
@@ -129,8 +168,15 @@ fn check_name(name: &str) -> Result<&str, ApiError> {
     Ok(name)
 }
 
+/// A provider's configuration or secret refused: 422 `invalid_for_provider` naming the
+/// field. Whether a `config` or `secret` is usable depends on the provider (a rule between
+/// fields, or a key format such as SendGrid's P-256 key, that the document cannot state).
 fn config_error(e: railhook_ingress::ConfigError) -> ApiError {
-    ApiError::invalid(e.field, e.message)
+    if e.field == "secret" || e.field.starts_with("config") {
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_for_provider", e.message).with_field(e.field)
+    } else {
+        ApiError::invalid(e.field, e.message)
+    }
 }
 
 /// The stored form of a provider configuration: only `generic_hmac`'s `config` member.
@@ -181,7 +227,7 @@ fn paging(query: Result<Query<ListQuery>, QueryRejection>) -> Result<PageParams,
 
 /// The project's Sources in id order, a page at a time.
 #[utoipa::path(get, path = "/v1/sources", tag = "sources",
-    params(("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::SourceId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Source>), ListErrors))]
 pub async fn list(Project(principal): Project, State(state): State<AppState>, query: Result<Query<ListQuery>, QueryRejection>) -> ApiResult<Json<List<Source>>> {
@@ -195,7 +241,7 @@ pub async fn list(Project(principal): Project, State(state): State<AppState>, qu
 }
 
 #[utoipa::path(get, path = "/v1/sources/{id}", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Source), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Source>> {
@@ -207,7 +253,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 
 /// Change any subset of the fields; `enabled: false` disables the Source (410 at its ingress).
 #[utoipa::path(patch, path = "/v1/sources/{id}", tag = "sources", request_body = UpdateSource,
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Source), BodyByIdErrors))]
 pub async fn update(
@@ -239,7 +285,7 @@ pub async fn update(
 /// Disable the Source: its ingress URL answers 410 and stores nothing until it is enabled
 /// again (`PATCH` with `enabled: true`).
 #[utoipa::path(post, path = "/v1/sources/{id}/disable", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Source), ByIdErrors))]
 pub async fn disable(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Source>> {
@@ -252,7 +298,7 @@ pub async fn disable(Project(principal): Project, State(state): State<AppState>,
 
 /// Delete the Source with its Destinations, Incoming Events and Forwards.
 #[utoipa::path(delete, path = "/v1/sources/{id}", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
@@ -268,7 +314,7 @@ pub async fn delete(Project(principal): Project, State(state): State<AppState>, 
 /// Make the provider's new secret current; the previous one still verifies requests for
 /// `ingress.secret_overlap_seconds` (24 h by default).
 #[utoipa::path(post, path = "/v1/sources/{id}/rotate-secret", tag = "sources", request_body = RotateSourceSecret,
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = SourceSecretRotated), BodyByIdErrors))]
 pub async fn rotate_secret(
@@ -289,17 +335,67 @@ pub async fn rotate_secret(
     Ok(Json(SourceSecretRotated { previous_secret_expires_at: expires_at }))
 }
 
-/// How Railhook authenticates to a Destination, as given.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+/// How Railhook authenticates to a Destination, as given: `{"type": "none"}`, `{"type":
+/// "basic", "username", "password"}`, `{"type": "bearer", "token"}`, `{"type": "header",
+/// "name", "value"}` or `{"type": "standard_webhooks", "secret"?}` (re-sign every Forward
+/// with Standard Webhooks headers; the secret, `whsec_` + base64, is generated when absent).
+/// The schema (a `oneOf` of closed objects) is written out below: utoipa leaves a tagged
+/// enum's variants open.
+#[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DestinationAuthInput {
     None,
     Basic { username: String, password: String },
     Bearer { token: String },
     Header { name: String, value: String },
-    /// Re-sign every Forward with Standard Webhooks headers; the secret (`whsec_` + base64)
-    /// is generated when absent.
     StandardWebhooks { secret: Option<String> },
+}
+
+impl utoipa::PartialSchema for DestinationAuthInput {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
+        let variant = |tag: &str, fields: Vec<(&str, Schema, bool)>| {
+            let kind = ObjectBuilder::new().schema_type(Type::String).enum_values(Some([tag]));
+            let object = crate::schema::closed_object().schema_type(Type::Object).property("type", kind).required("type");
+            fields.into_iter().fold(object, |o, (name, schema, required)| {
+                let o = o.property(name, schema);
+                if required {
+                    o.required(name)
+                } else {
+                    o
+                }
+            })
+        };
+        let credential = || Schema::from(credential_schema());
+        OneOfBuilder::new()
+            .item(variant("none", vec![]))
+            .item(variant("basic", vec![("username", username_schema().into(), true), ("password", credential(), true)]))
+            .item(variant("bearer", vec![("token", credential(), true)]))
+            .item(variant("header", vec![("name", auth_header_name_schema().into(), true), ("value", credential(), true)]))
+            .item(variant("standard_webhooks", vec![("secret", webhooks_secret_or_null(), false)]))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for DestinationAuthInput {}
+
+/// The longest header name a Destination's `header` auth may use.
+const MAX_AUTH_HEADER_NAME_LEN: usize = 256;
+
+fn credential_schema() -> utoipa::openapi::Object {
+    crate::schema::visible_ascii(MAX_CREDENTIAL_LEN, true).build()
+}
+
+fn username_schema() -> utoipa::openapi::Object {
+    crate::schema::visible_ascii(MAX_CREDENTIAL_LEN, true).pattern(Some("^[!-9;-~](?:[ -9;-~]*[!-9;-~])?$")).build()
+}
+
+fn auth_header_name_schema() -> utoipa::openapi::Object {
+    crate::schema::custom_header_name(MAX_AUTH_HEADER_NAME_LEN)
+}
+
+fn webhooks_secret_or_null() -> utoipa::openapi::schema::Schema {
+    crate::schema::or_null(crate::schema::endpoint_secret())
 }
 
 /// A Destination's auth as shown: credentials are write-only, except the Standard Webhooks
@@ -360,11 +456,16 @@ impl From<sources::Destination> for Destination {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDestination {
+    /// Checked as an Endpoint URL (422 `url_unresolvable` or `url_not_allowed` for a host
+    /// that does not resolve to allowed addresses).
+    #[schema(schema_with = crate::schema::url_object)]
     pub url: String,
     /// `{"type": "none"}` when absent.
     pub auth: Option<DestinationAuthInput>,
     pub enabled: Option<bool>,
     /// 1 to 10 000.
+    #[schema(schema_with = crate::endpoints::rate_limit_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub rate_limit_per_second: Option<i64>,
 }
 
@@ -373,16 +474,16 @@ pub struct CreateDestination {
 #[serde(deny_unknown_fields)]
 pub struct UpdateDestination {
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = crate::schema::url_object)]
     pub url: Option<Option<String>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<DestinationAuthInput>)]
+    #[schema(value_type = DestinationAuthInput)]
     pub auth: Option<Option<DestinationAuthInput>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = bool)]
     pub enabled: Option<Option<bool>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>)]
+    #[serde(default, deserialize_with = "crate::extract::present_int")]
+    #[schema(schema_with = crate::endpoints::rate_limit_or_null)]
     pub rate_limit_per_second: Option<Option<i64>>,
 }
 
@@ -416,7 +517,7 @@ fn check_auth(input: DestinationAuthInput) -> Result<DestinationAuth, ApiError> 
             DestinationAuth::Bearer { token }
         }
         DestinationAuthInput::Header { name, value } => {
-            if name.is_empty() || name.len() > 256 || !name.bytes().all(is_token_char) {
+            if name.is_empty() || name.len() > MAX_AUTH_HEADER_NAME_LEN || !name.bytes().all(is_token_char) {
                 return Err(ApiError::invalid("auth.name", "auth.name must be an HTTP header name (letters, digits and !#$%&'*+-.^_`|~)"));
             }
             if railhook_core::signing::is_reserved_header(&name) {
@@ -438,7 +539,7 @@ fn check_auth(input: DestinationAuthInput) -> Result<DestinationAuth, ApiError> 
 /// Add a Destination to the Source; every enabled Destination gets a Forward of each
 /// Incoming Event stored from then on.
 #[utoipa::path(post, path = "/v1/sources/{id}/destinations", tag = "sources", request_body = CreateDestination,
-    params(("id" = String, Path, description = "Source id (src_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 201, body = Destination), BodyByIdErrors))]
 pub async fn create_destination(
@@ -460,8 +561,8 @@ pub async fn create_destination(
 
 /// The Source's Destinations in id order, a page at a time.
 #[utoipa::path(get, path = "/v1/sources/{id}/destinations", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)"),
-           ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)"),
+           ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::DestinationId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Destination>), ByIdErrors))]
 pub async fn list_destinations(
@@ -487,7 +588,7 @@ fn ids(id: &str, destination_id: &str) -> Result<(SourceId, DestinationId), ApiE
 }
 
 #[utoipa::path(get, path = "/v1/sources/{id}/destinations/{destination_id}", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)"), ("destination_id" = String, Path, description = "Destination id (dst_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)"), ("destination_id" = crate::schema::DestinationId, Path, description = "Destination id (dst_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Destination), ByIdErrors))]
 pub async fn get_destination(
@@ -502,7 +603,7 @@ pub async fn get_destination(
 }
 
 #[utoipa::path(patch, path = "/v1/sources/{id}/destinations/{destination_id}", tag = "sources", request_body = UpdateDestination,
-    params(("id" = String, Path, description = "Source id (src_...)"), ("destination_id" = String, Path, description = "Destination id (dst_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)"), ("destination_id" = crate::schema::DestinationId, Path, description = "Destination id (dst_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Destination), BodyByIdErrors))]
 pub async fn update_destination(
@@ -529,7 +630,7 @@ pub async fn update_destination(
 
 /// Delete the Destination and its Forwards.
 #[utoipa::path(delete, path = "/v1/sources/{id}/destinations/{destination_id}", tag = "sources",
-    params(("id" = String, Path, description = "Source id (src_...)"), ("destination_id" = String, Path, description = "Destination id (dst_...)")),
+    params(("id" = crate::schema::SourceId, Path, description = "Source id (src_...)"), ("destination_id" = crate::schema::DestinationId, Path, description = "Destination id (dst_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete_destination(

@@ -29,19 +29,27 @@ pub const RETRY_DELAY_SECONDS: std::ops::RangeInclusive<i64> = 1..=604_800;
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSubscription {
-    #[schema(value_type = String)]
+    /// One of the project's Endpoints (404 otherwise).
+    #[schema(value_type = crate::schema::EndpointId)]
     pub endpoint_id: EndpointId,
     /// A pattern: `order.paid`, `order.*`, `order.**` or `**`.
+    #[schema(value_type = crate::schema::EventTypePattern)]
     pub event_type: String,
     #[serde(default)]
     pub ordering: bool,
     /// 1 to 20, default 7.
+    #[schema(schema_with = max_attempts_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub max_attempts: Option<i64>,
     /// 1 to 60, default 30.
+    #[schema(schema_with = timeout_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::int")]
     pub timeout_seconds: Option<i64>,
     /// Seconds between Attempts: the n-th entry is the wait after the n-th failed Attempt.
     /// It may be shorter than `max_attempts - 1`: the last delay then repeats. Absent or
     /// null: the default outgoing ladder (60, 300, 900, 3600, 21600, 86400 s).
+    #[schema(schema_with = delays_or_null)]
+    #[serde(default, deserialize_with = "crate::extract::ints")]
     pub retry_delays: Option<Vec<i64>>,
     pub enabled: Option<bool>,
 }
@@ -52,23 +60,44 @@ pub struct CreateSubscription {
 #[serde(deny_unknown_fields)]
 pub struct UpdateSubscription {
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = crate::schema::EventTypePattern)]
     pub event_type: Option<Option<String>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = bool)]
     pub ordering: Option<Option<bool>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>)]
+    #[serde(default, deserialize_with = "crate::extract::present_int")]
+    #[schema(schema_with = max_attempts_schema)]
     pub max_attempts: Option<Option<i64>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>)]
+    #[serde(default, deserialize_with = "crate::extract::present_int")]
+    #[schema(schema_with = timeout_schema)]
     pub timeout_seconds: Option<Option<i64>>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<Vec<i64>>)]
+    #[serde(default, deserialize_with = "crate::extract::present_ints")]
+    #[schema(schema_with = delays_or_null)]
     pub retry_delays: Option<Option<Vec<i64>>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = bool)]
     pub enabled: Option<Option<bool>>,
+}
+
+fn max_attempts_schema() -> utoipa::openapi::Object {
+    crate::schema::integer(MAX_ATTEMPTS).build()
+}
+
+fn max_attempts_or_null() -> utoipa::openapi::Object {
+    crate::schema::nullable_integer(MAX_ATTEMPTS).build()
+}
+
+fn timeout_schema() -> utoipa::openapi::Object {
+    crate::schema::integer(TIMEOUT_SECONDS).build()
+}
+
+fn timeout_or_null() -> utoipa::openapi::Object {
+    crate::schema::nullable_integer(TIMEOUT_SECONDS).build()
+}
+
+fn delays_or_null() -> utoipa::openapi::schema::Schema {
+    let delays = crate::schema::array(crate::schema::integer(RETRY_DELAY_SECONDS).build(), *RETRY_DELAYS_LEN.start(), *RETRY_DELAYS_LEN.end());
+    crate::schema::or_null(delays.build())
 }
 
 fn check_pattern(raw: &str) -> Result<EventTypePattern, ApiError> {
@@ -106,14 +135,15 @@ fn check_delays(delays: &[i64]) -> Result<Vec<i32>, ApiError> {
         .collect()
 }
 
+/// 404 naming the field: a well-formed id of no Endpoint of this project.
 fn no_such_endpoint() -> ApiError {
-    ApiError::invalid("endpoint_id", "no such endpoint")
+    ApiError::not_found("endpoint").with_field("endpoint_id")
 }
 
 /// Subscribe one of the project's Endpoints to an event type pattern.
 #[utoipa::path(post, path = "/v1/subscriptions", tag = "subscriptions", request_body = CreateSubscription,
     security(("api_key" = []), ("api_key_header" = [])),
-    responses((status = 201, body = Subscription), BodyErrors))]
+    responses((status = 201, body = Subscription), BodyByIdErrors))]
 pub async fn create(
     Project(principal): Project,
     State(state): State<AppState>,
@@ -149,7 +179,7 @@ pub struct ListQuery {
 
 /// The project's Subscriptions (of one Endpoint with `endpoint_id`) in id order.
 #[utoipa::path(get, path = "/v1/subscriptions", tag = "subscriptions",
-    params(("endpoint_id" = Option<String>, Query, description = "Only this Endpoint's (ep_...)"), ("limit" = Option<i64>, Query, description = "1-200, default 50"), ("cursor" = Option<String>, Query, description = "next_cursor of the previous page")),
+    params(("endpoint_id" = Option<crate::schema::EndpointId>, Query, description = "Only this Endpoint's (ep_...)"), ("limit" = Option<crate::schema::Limit>, Query, description = "1-200, default 50"), ("cursor" = Option<crate::schema::SubscriptionId>, Query, description = "next_cursor of the previous page")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = crate::pagination::List<Subscription>), ListErrors))]
 pub async fn list(
@@ -175,7 +205,7 @@ pub async fn list(
 }
 
 #[utoipa::path(get, path = "/v1/subscriptions/{id}", tag = "subscriptions",
-    params(("id" = String, Path, description = "Subscription id (sub_...)")),
+    params(("id" = crate::schema::SubscriptionId, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Subscription), ByIdErrors))]
 pub async fn get(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Subscription>> {
@@ -189,7 +219,7 @@ pub async fn get(Project(principal): Project, State(state): State<AppState>, Pat
 
 /// Change any subset of the fields; `retry_delays: null` returns to the default ladder.
 #[utoipa::path(patch, path = "/v1/subscriptions/{id}", tag = "subscriptions", request_body = UpdateSubscription,
-    params(("id" = String, Path, description = "Subscription id (sub_...)")),
+    params(("id" = crate::schema::SubscriptionId, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 200, body = Subscription), BodyByIdErrors))]
 pub async fn update(
@@ -221,7 +251,7 @@ pub async fn update(
 
 /// Delete the Subscription; its Deliveries stay.
 #[utoipa::path(delete, path = "/v1/subscriptions/{id}", tag = "subscriptions",
-    params(("id" = String, Path, description = "Subscription id (sub_...)")),
+    params(("id" = crate::schema::SubscriptionId, Path, description = "Subscription id (sub_...)")),
     security(("api_key" = []), ("api_key_header" = [])),
     responses((status = 204, description = "Deleted"), ByIdErrors))]
 pub async fn delete(Project(principal): Project, State(state): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {

@@ -144,7 +144,7 @@ async fn a_replay_makes_new_forwards_announced() {
     let stranger = common::uuid_of(&s.destinations[0]);
     let other = railhook_core::DestinationId(uuid::Uuid::from_u128(stranger.as_u128() ^ 1)).to_string();
     let (status, body) = api.post(key, &format!("/v1/incoming-events/{ine}/replay"), json!({"destination_id": other})).await;
-    assert_eq!((status, error(&body)), (422, ("invalid_field", "destination_id")), "{body}");
+    assert_eq!((status, error(&body)), (404, ("not_found", "destination_id")), "{body}");
     let (status, body) = api.post(key, &format!("/v1/incoming-events/{ine}/replay"), json!({"destination_id": "ep_nope"})).await;
     assert_eq!((status, error(&body).1), (422, "destination_id"), "{body}");
     assert_eq!(outbox(&api, "replay").await, 3, "refused replays write nothing");

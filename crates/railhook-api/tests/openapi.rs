@@ -23,7 +23,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("delete", "/v1/endpoints/{id}", "204 400 401 404 503"),
     ("post", "/v1/endpoints/{id}/rotate-secret", "200 400 401 404 413 415 422 503"),
     ("get", "/v1/endpoints/{id}/secret", "200 400 401 404 503"),
-    ("post", "/v1/subscriptions", "201 400 401 413 415 422 503"),
+    ("post", "/v1/subscriptions", "201 400 401 404 413 415 422 503"),
     ("get", "/v1/subscriptions", "200 400 401 503"),
     ("get", "/v1/subscriptions/{id}", "200 400 401 404 503"),
     ("patch", "/v1/subscriptions/{id}", "200 400 401 404 413 415 422 503"),
@@ -52,7 +52,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("post", "/v1/forwards/{id}/retry", "202 400 401 404 409 413 415 422 503"),
     ("get", "/v1/failed-forwards", "200 400 401 503"),
     ("post", "/v1/failed-forwards/retry", "202 400 401 413 415 422 503"),
-    ("post", "/v1/replays", "200 202 400 401 409 413 415 422 503"),
+    ("post", "/v1/replays", "200 202 400 401 404 409 413 415 422 503"),
     ("get", "/v1/replays", "200 400 401 503"),
     ("get", "/v1/replays/{id}", "200 400 401 404 503"),
     ("post", "/v1/replays/{id}/cancel", "200 400 401 404 409 503"),
@@ -110,4 +110,40 @@ async fn openapi_document_covers_every_route_with_schemas_and_errors() {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     assert_eq!(doc["components"]["schemas"]["CreateEvent"]["required"], serde_json::json!(["type", "payload"]));
+}
+
+/// The document states the constraints the server enforces, from the constants the checks
+/// use (crate::schema); tests/fuzz/run checks them against the server.
+#[tokio::test]
+async fn openapi_states_ids_ranges_lengths_and_enums() {
+    let api = Api::start().await;
+    let doc: serde_json::Value = api.http.get(api.url("/openapi.json")).send().await.unwrap().json().await.unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let param = |path: &str, method: &str, name: &str| {
+        let params = doc["paths"][path][method]["parameters"].as_array().unwrap_or_else(|| panic!("{method} {path}: no parameters"));
+        params.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{method} {path}: no {name}")).clone()
+    };
+    // Ids in paths and queries: a $ref to the id's schema, whose pattern is the parser's.
+    assert_eq!(param("/v1/endpoints/{id}", "get", "id")["schema"]["$ref"], "#/components/schemas/EndpointId");
+    assert_eq!(param("/v1/deliveries", "get", "event_id")["schema"]["$ref"], "#/components/schemas/EventId");
+    assert_eq!(param("/v1/deliveries", "get", "cursor")["schema"]["$ref"], "#/components/schemas/DeliveryId");
+    assert_eq!(schemas["EndpointId"]["pattern"], "^ep_[0-7][0-9A-HJKMNP-TV-Za-hjkmnp-tv-z]{25}$");
+    assert_eq!(schemas["EndpointId"]["minLength"], 29);
+    // Integer ranges.
+    let limit = &schemas["Limit"];
+    assert_eq!((limit["minimum"].as_f64(), limit["maximum"].as_f64()), (Some(1.0), Some(railhook_api::pagination::MAX_LIMIT as f64)));
+    let rate = &schemas["CreateEndpoint"]["properties"]["rate_limit_per_second"];
+    let range = railhook_api::endpoints::RATE_LIMIT_PER_SECOND;
+    assert_eq!((rate["minimum"].as_f64(), rate["maximum"].as_f64()), (Some(*range.start() as f64), Some(*range.end() as f64)), "{rate}");
+    assert_eq!(rate["type"], serde_json::json!(["integer", "null"]));
+    // Lengths, enums, array bounds.
+    assert_eq!(schemas["CreateEndpoint"]["properties"]["description"]["oneOf"][1]["maxLength"], railhook_api::endpoints::MAX_DESCRIPTION_CHARS);
+    assert_eq!(schemas["DeliveryStatus"]["enum"], serde_json::json!(["PENDING", "PROCESSING", "SUCCESS", "FAILED"]));
+    let delays = &schemas["CreateSubscription"]["properties"]["retry_delays"]["oneOf"][1];
+    assert_eq!((delays["minItems"].as_u64(), delays["maxItems"].as_u64()), (Some(1), Some(20)), "{delays}");
+    assert_eq!(schemas["CreateSubscription"]["properties"]["endpoint_id"]["$ref"], "#/components/schemas/EndpointId");
+    // Closed bodies: an unknown field is refused, and the document says so.
+    assert_eq!(schemas["CreateEndpoint"]["additionalProperties"], false);
+    assert_eq!(schemas["BulkRetry"]["oneOf"][0]["additionalProperties"], false);
+    assert_eq!(schemas["CreateReplay"]["required"], serde_json::json!(["from", "to"]));
 }

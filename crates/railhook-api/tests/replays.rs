@@ -82,7 +82,7 @@ async fn bad_input_is_a_4xx_naming_the_field() {
         (with(range(), json!({"event_types": ["order.*.x"]})), 422, "event_types"),
         (with(range(), json!({"event_types": "order.*"})), 422, "event_types"),
         (with(range(), json!({"endpoint_ids": ["sub_00000000000000000000000000"]})), 422, "endpoint_ids"),
-        (with(range(), json!({"endpoint_ids": [other.ep1]})), 422, "endpoint_ids"),
+        (with(range(), json!({"endpoint_ids": [other.ep1]})), 404, "endpoint_ids"),
         (with(range(), json!({"endpoint_ids": []})), 422, "endpoint_ids"),
         (with(range(), json!({"dry_run": "yes"})), 422, "dry_run"),
         (with(range(), json!({"speed": 11})), 422, ""),
