@@ -7,7 +7,13 @@
 //! - Resumable: a batch's Deliveries, their announcements and the Replay's cursor commit
 //!   together; a restarted worker (any of them) goes on from the cursor.
 //! - Below live traffic: `replay.batch_size` Events per batch, then `replay.pause_ms` of
-//!   rest; with nothing running it looks again every [`IDLE`].
+//!   rest; with nothing running it looks again every [`IDLE`]. Before each batch it yields
+//!   ([`pressure`]): no batch while the replayed Deliveries not yet claimed reach
+//!   `2 x replay.batch_size` (the Replay goes no faster than its Deliveries are sent, so its
+//!   backlog never queues in front of live hints), nor while a live Delivery has been waiting
+//!   for its claim longer than [`LIVE_WAIT_LIMIT`] (the workers are behind on live traffic).
+//!   It holds back at most [`MAX_HOLDS`] times in a row, so a backlog that does not drain (a
+//!   rate-limited or failing Endpoint) slows a Replay down but never starves it.
 
 use std::time::Duration;
 
@@ -18,11 +24,65 @@ use tokio_util::sync::CancellationToken;
 /// How often an idle runner (nothing running, or another process holds the lock) looks.
 pub const IDLE: Duration = Duration::from_secs(1);
 
+/// A live Delivery due and unclaimed for longer than this holds the Replays back: the
+/// workers are behind on live traffic.
+pub const LIVE_WAIT_LIMIT: Duration = Duration::from_millis(50);
+
+/// Consecutive checks that may hold a batch back before one runs anyway.
+pub const MAX_HOLDS: u32 = 10;
+
+/// Due, unclaimed Deliveries (not parked), at most `$1` of them: how many a Replay made, and
+/// how long the live one that waits longest has waited since it became due (ms). By `deliveries_due_idx` (PENDING only), so
+/// its cost is bounded by `$1` rows.
+const PRESSURE_SQL: &str = "
+SELECT count(*) FILTER (WHERE replay_id IS NOT NULL),
+       COALESCE(EXTRACT(EPOCH FROM now() - min(due) FILTER (WHERE replay_id IS NULL)) * 1000, 0)::float8
+FROM (SELECT replay_id, COALESCE(next_retry_at, created_at) AS due FROM deliveries
+      WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now()) AND parked_at IS NULL
+      LIMIT $1) d";
+
+/// Why the runner holds back, if it does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pressure {
+    /// This many replayed Deliveries wait for their claim.
+    ReplayBacklog(i64),
+    /// A live Delivery has waited this long (ms) for its claim.
+    LiveWaiting(f64),
+}
+
+/// Whether to hold the next batch back (see the module doc); `None` also when the check
+/// itself failed (the batch then finds out).
+pub async fn pressure(pool: &railhook_store::Pool, batch_size: i64) -> Option<Pressure> {
+    let max_backlog = 2 * batch_size.max(1);
+    let client = pool.get().await.ok()?;
+    let row = client.query_one(PRESSURE_SQL, &[&(max_backlog + 1_000)]).await.ok()?;
+    let (backlog, live_wait_ms): (i64, f64) = (row.get(0), row.get(1));
+    if live_wait_ms > LIVE_WAIT_LIMIT.as_secs_f64() * 1000.0 {
+        Some(Pressure::LiveWaiting(live_wait_ms))
+    } else if backlog >= max_backlog {
+        Some(Pressure::ReplayBacklog(backlog))
+    } else {
+        None
+    }
+}
+
 /// Runs batches until `shutdown`. A failed batch rolled back entirely; it is tried again
 /// after the idle wait.
 pub async fn run(pool: railhook_store::Pool, config: ReplayConfig, shutdown: CancellationToken) {
     let pause = Duration::from_millis(config.pause_ms);
+    let mut holds = 0u32;
     loop {
+        let held = if holds < MAX_HOLDS { pressure(&pool, config.batch_size).await } else { None };
+        if let Some(p) = held {
+            holds += 1;
+            tracing::debug!(pressure = ?p, "replay runner: live traffic first");
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause.max(Duration::from_millis(50))) => {}
+            }
+            continue;
+        }
+        holds = 0;
         let wait = match batch(&pool, config.batch_size).await {
             Some(b) => {
                 log(&b);
