@@ -222,3 +222,28 @@ async fn migration_0017_copies_existing_attempts_into_daily_partitions() {
     let old: i64 = client.query_one("SELECT count(*) FROM pg_tables WHERE tablename = 'attempts_before_0017'", &[]).await.unwrap().get(0);
     assert_eq!(old, 0);
 }
+
+/// A worker of the build before migration 0017 calls `railhook_finalise_batch` without
+/// request headers: the old signature still finalises and records the Attempt (headers null).
+#[tokio::test]
+async fn the_previous_finalise_signature_still_records_the_attempt() {
+    let (db, pool, fixture) = Fixture::in_fresh_db(1).await;
+    let client = db.client().await;
+    let deliveries = ingest(&client, &fixture).await;
+    let claimed = claim(&pool, &deliveries).await;
+    let c = &claimed[0];
+    let row = client
+        .query_one(
+            "SELECT wrote FROM railhook_finalise_batch(ARRAY[$1::uuid], ARRAY[$2::uuid], ARRAY['SUCCESS'], ARRAY[NULL::timestamptz],
+                 ARRAY[NULL::text], ARRAY[$3::uuid], ARRAY[$4::uuid], ARRAY[1], ARRAY[now()], ARRAY[9], ARRAY[200], ARRAY['success'],
+                 ARRAY[NULL::text], ARRAY['{}'::jsonb], ARRAY['ok'], ARRAY[false], ARRAY[$5::uuid], ARRAY[true], 60.0::float8, 1000, 0.5::float8)",
+            &[&c.id.0, &c.token.0, &Uuid::now_v7(), &c.project_id.0, &c.endpoint_id.0],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    let r = client.query_one("SELECT response_body, request_headers IS NULL FROM attempts WHERE delivery_id = $1", &[&c.id.0]).await.unwrap();
+    assert_eq!((r.get::<_, String>(0), r.get::<_, bool>(1)), ("ok".to_string(), true));
+    let status: String = client.query_one("SELECT status::text FROM deliveries WHERE id = $1", &[&c.id.0]).await.unwrap().get(0);
+    assert_eq!(status, "SUCCESS");
+}
