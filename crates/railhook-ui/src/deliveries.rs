@@ -314,6 +314,8 @@ fn request(d: &Delivery, url: Option<&str>, payload: Option<&serde_json::Value>)
 fn attempt(a: &Attempt) -> Markup {
     let ok = a.result == "success";
     let headers = a.response_headers.as_ref().map(|h| serde_json::to_string_pretty(h).unwrap_or_default());
+    // Credentials are redacted by the worker before they are stored.
+    let sent = a.request_headers.as_ref().filter(|h| !h.is_null()).map(|h| serde_json::to_string_pretty(h).unwrap_or_default());
     html! {
         section.attempt aria-label={ "Attempt " (a.attempt_number) } {
             h3 {
@@ -322,6 +324,12 @@ fn attempt(a: &Attempt) -> Markup {
                 @if let Some(code) = a.status_code { " · HTTP " (code) }
             }
             p.hint { (page::time(a.started_at)) " · " (a.duration_ms) " ms" @if let Some(e) = &a.error_message { " · " (e) } }
+            @if let Some(sent) = sent {
+                details {
+                    summary { "Request headers" }
+                    pre aria-label="Request headers" { (sent) }
+                }
+            }
             details {
                 summary { "Response" }
                 @if let Some(h) = headers { pre aria-label="Response headers" { (h) } }

@@ -434,3 +434,56 @@ async fn status_and_time_filtered_lists_miss_nothing() {
     client.execute("UPDATE deliveries SET status = 'SUCCESS' WHERE status = 'PROCESSING'", &[]).await.unwrap();
     assert!(ui.get("/ui/deliveries?status=PROCESSING", &session).await.body.contains("No Delivery matches"));
 }
+
+#[tokio::test]
+async fn a_deliverys_page_shows_each_attempts_request_headers_escaped() {
+    let ui = Ui::new().await;
+    let (project, key) = ui.project("Shop").await;
+    let client = ui.pool.get().await.unwrap();
+    let headers = Default::default();
+    let endpoint = endpoints::create_endpoint(
+        &**client,
+        project,
+        NewEndpoint { url: "http://127.0.0.1:9/hook", description: "", enabled: true, rate_limit_per_second: None, headers: &headers, secret: railhook_core::EndpointSecret::generate().as_str() },
+    )
+    .await
+    .unwrap();
+    let sub = railhook_store::subscriptions::NewSubscription {
+        endpoint_id: endpoint.id,
+        event_type_pattern: "**",
+        ordering: false,
+        max_attempts: 3,
+        timeout_seconds: 5,
+        retry_delays: None,
+        enabled: true,
+    };
+    railhook_store::subscriptions::create_subscription(&**client, project, sub).await.unwrap().unwrap();
+    let ty = railhook_core::pattern::EventType::parse("order.paid").unwrap();
+    let payload = serde_json::json!({});
+    let new = railhook_store::events::NewEvent {
+        project,
+        event_type: "order.paid",
+        payload: &payload,
+        idempotency_key: None,
+        request_sha256: vec![0; 32],
+        candidate_patterns: railhook_core::pattern::candidate_patterns(&ty),
+    };
+    let railhook_store::events::IngestOutcome::Created(event) = railhook_store::events::ingest(&client, new).await.unwrap() else { panic!("created") };
+    let delivery: uuid::Uuid = client.query_one("SELECT id FROM deliveries WHERE event_id = $1", &[&event.id.0]).await.unwrap().get(0);
+    client
+        .execute(
+            "INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code, result, request_headers, response_body)
+             VALUES ($1, $2, $3, 1, now(), 12, 500, 'http_status',
+                     '{\"webhook-signature\": \"v1,c2ln\", \"authorization\": \"<redacted>\", \"x-note\": \"<b>hi</b>\"}', 'down')",
+            &[&uuid::Uuid::now_v7(), &project.0, &delivery],
+        )
+        .await
+        .unwrap();
+    let session = ui.sign_in(&key).await;
+    let page = ui.get(&format!("/ui/deliveries/{}", DeliveryId(delivery)), &session).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("Request headers"), "{}", page.body);
+    assert!(page.body.contains("v1,c2ln"));
+    assert!(page.body.contains("&lt;redacted&gt;"));
+    assert!(page.body.contains("&lt;b&gt;hi&lt;/b&gt;") && !page.body.contains("<b>hi</b>"), "escaped");
+}
