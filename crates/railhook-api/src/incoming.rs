@@ -204,6 +204,10 @@ pub async fn list(
         limit: paging.limit()? + 1,
     };
     let limit = paging.limit()?;
+    // No stored id holds a NUL (Postgres text cannot), and Postgres refuses one as a parameter.
+    if filter.provider_event_id.as_deref().is_some_and(|id| id.contains('\0')) {
+        return Ok(Json(List { data: Vec::new(), next_cursor: None }));
+    }
     let client = state.pool.get().await?;
     let rows = incoming::list_incoming_events(&**client, principal.project_id, &filter).await?;
     let views = rows.into_iter().map(IncomingEvent::from).collect();

@@ -110,7 +110,8 @@ pub async fn receive(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { too_large() } else { crate::extract::body_rejection(e) })?;
-    if token.len() > MAX_TOKEN_LEN {
+    // No token is that long or holds a NUL (which Postgres would refuse as a parameter).
+    if token.len() > MAX_TOKEN_LEN || token.contains('\0') {
         return Err(unknown_token());
     }
     let client = ingress.app.pool.get().await?;

@@ -326,19 +326,22 @@ fn regex_escape(c: char) -> String {
 }
 
 /// An http(s) URL as `parse_endpoint_url` accepts it, written so that every string it allows
-/// parses: a host name whose labels start with a letter (so it is never read as an IPv4
+/// parses: a host name whose last label starts with a letter (so it is never read as an IPv4
 /// address), or an IPv4 address; a port from 1 to 65535; a path and query of URL characters.
+/// The server also takes what this leaves out (IPv6 literals, other characters it
+/// percent-encodes); the pattern is the part every client can rely on.
 /// Whether the host resolves to an address `network.allow_cidrs` allows is not the string's
 /// to say: that refusal is 422 `url_unresolvable` or `url_not_allowed`.
 pub fn url() -> ObjectBuilder {
     let octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
-    let label = "[A-Za-z][A-Za-z0-9-]{0,62}";
+    let label = "[A-Za-z0-9][A-Za-z0-9-]{0,62}";
+    let last_label = "[A-Za-z][A-Za-z0-9-]{0,62}";
     let port = "(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})";
     let path = "[A-Za-z0-9._~!$&'()*+,;=:@%/-]";
     // `'` is percent-encoded in the query of an http(s) URL, which would lengthen it.
     let query = "[A-Za-z0-9._~!$&()*+,;=:@%/?-]";
     string()
-        .pattern(Some(format!("^[hH][tT][tT][pP][sS]?://(?:{label}(?:\\.{label})*|{octet}(?:\\.{octet}){{3}})(?::{port})?(?:/{path}*)?(?:\\?{query}*)?$")))
+        .pattern(Some(format!("^[hH][tT][tT][pP][sS]?://(?:(?:{label}\\.)*{last_label}|{octet}(?:\\.{octet}){{3}})(?::{port})?(?:/{path}*)?(?:\\?{query}*)?$")))
         // Normalising adds the `/` of an empty path; the normalised URL must fit MAX_URL_LEN.
         .max_length(Some(railhook_core::address::MAX_URL_LEN - 1))
         .format(Some(SchemaFormat::Custom("uri".to_string())))
