@@ -20,6 +20,7 @@ use crate::stack::Stack;
 use crate::{json, percentiles, Args, Percentiles};
 
 mod clean;
+pub mod replay;
 
 pub use clean::NAMES as CLEAN_PHASES;
 pub use clean::report as clean_phases_alone;

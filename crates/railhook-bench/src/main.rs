@@ -25,7 +25,7 @@ mod procs;
 mod relay;
 mod stack;
 
-const BENCHMARKS: [&str; 6] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory"];
+const BENCHMARKS: [&str; 7] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "replay"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -44,6 +44,10 @@ pub struct Args {
     pub step: Duration,
     pub start_rate: f64,
     pub max_rate: f64,
+    /// replay: the live rate to Endpoint B, and the Replay's pacing (None: the config default).
+    pub replay_live_rate: f64,
+    pub replay_batch_size: Option<i64>,
+    pub replay_pause_ms: Option<u64>,
 }
 
 impl Args {
@@ -65,6 +69,9 @@ fn parse_args() -> anyhow::Result<Args> {
         step: Duration::from_secs(10),
         start_rate: 500.0,
         max_rate: 20_000.0,
+        replay_live_rate: 150.0,
+        replay_batch_size: None,
+        replay_pause_ms: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -78,6 +85,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--step" => args.step = Duration::from_secs(it.next().context("--step needs a value")?.parse().context("--step: seconds")?),
             "--start-rate" => args.start_rate = it.next().context("--start-rate needs a value")?.parse().context("--start-rate: events per second")?,
             "--max-rate" => args.max_rate = it.next().context("--max-rate needs a value")?.parse().context("--max-rate: events per second")?,
+            "--replay-live-rate" => args.replay_live_rate = it.next().context("--replay-live-rate needs a value")?.parse().context("--replay-live-rate: events per second")?,
+            "--replay-batch-size" => args.replay_batch_size = Some(it.next().context("--replay-batch-size needs a value")?.parse().context("--replay-batch-size: Events per batch")?),
+            "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "-h" | "--help" => {
                 println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}|{}]...", BENCHMARKS.join("|"), e2e::CLEAN_PHASES.join("|"));
                 println!("  no name: every benchmark; e2e (or memory) includes the phases {}", e2e::CLEAN_PHASES.join(" and "));
@@ -88,6 +98,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --duration: relay_latency, ingest, each ingress phase and the fixed-rate e2e runs (default 30)");
                 println!("  --connections: ingest's and ingress's HTTP connections (default 32)");
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
+                println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
+                println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput");
+                println!("  --replay-batch-size, --replay-pause-ms: the Replay's replay.batch_size and replay.pause_ms (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -113,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
         match name.as_str() {
             "relay_latency" => results.push(relay::relay_latency(&args).await?),
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
+            "replay" => results.push(e2e::replay::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),
             "ingress" => {
