@@ -9,7 +9,9 @@
 //! `e2e` (POST to the receiver's arrival vs the load generator driving the receiver directly)
 //! and `memory` (peak RSS during e2e) run the `railhook` binary's api, relay and worker as separate processes. e2e ends with
 //! the phases on a clean database each (`hot_endpoint`, `fanout_10`), which can also be named
-//! alone: then only they run, and the report's `e2e` holds only their figures.
+//! alone: then only they run, and the report's `e2e` holds only their figures. `replay` (also
+//! on a clean stack): live e2e latency to one Endpoint without and with a Replay of 100,000
+//! Events to another.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -21,7 +21,7 @@ use anyhow::Context;
 use railhook_config::Config;
 
 use super::{accepted_deliveries, cpu_delta, cpu_snapshot, ms_between, one_type, plan, wait_arrivals};
-use crate::http::{get_text, post_json, Receiver};
+use crate::http::{post_json, Receiver};
 use crate::load;
 use crate::stack::Stack;
 use crate::{json, percentiles, Args};
@@ -215,7 +215,6 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     }
     let (made, delivered, delivered_s) = replay_deliveries(&stack, replay_uuid).await?;
     let made_s = seconds_between(&last["created_at"], &last["finished_at"]).unwrap_or(started.elapsed().as_secs_f64());
-    let worker_metrics = get_text(&format!("http://{}/metrics", stack.config.worker.ops_listen)).await.unwrap_or_default();
     stack.check_running()?;
     stack.stop().await;
 
@@ -239,7 +238,6 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         if capped { "; CANCELLED at the cap" } else { "" }
     );
     println!();
-    let replay_batches = worker_metrics.lines().find(|l| l.starts_with("railhook_worker_replay")).map(str::to_owned);
     Ok(serde_json::json!({
         "name": "replay",
         "history_events": HISTORY,
@@ -251,7 +249,6 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
                 "id": id, "state": last["state"], "cancelled_at_cap": capped, "made": made, "delivered": delivered,
                 "made_in_s": made_s, "made_per_s": made as f64 / made_s.max(0.001),
                 "delivered_in_s": delivered_s, "delivered_per_s": delivered as f64 / delivered_s.max(0.001),
-                "worker_metric": replay_batches,
             },
             "seed_s": seed_s,
         },
