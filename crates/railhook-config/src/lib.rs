@@ -285,7 +285,7 @@ impl Default for RetentionConfig {
             failed_days: 90.0,
             attempts_days: 30.0,
             batch_rows: 1_000,
-            batch_target_ms: 50,
+            batch_target_ms: 25,
             pause_ms: 10,
         }
     }
@@ -607,7 +607,7 @@ impl Config {
             problems.push("retention.batch_rows must be from 10 to 100000 (1000 is the default)".into());
         }
         if !(1..=1_000).contains(&r.batch_target_ms) {
-            problems.push("retention.batch_target_ms must be from 1 to 1000 (50 is the default; batches are meant to stay under 100 ms)".into());
+            problems.push("retention.batch_target_ms must be from 1 to 1000 (25 is the default; batches are meant to stay under 100 ms)".into());
         }
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {

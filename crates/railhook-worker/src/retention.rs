@@ -9,7 +9,7 @@
 //! - Bounded batches: each statement reads at most `batch` Events (Incoming Events) of one
 //!   Project and deletes the ones that may go with their Deliveries (Forwards) and Attempts.
 //!   The batch size adapts to the measured duration of the previous batch so that each one
-//!   takes about `retention.batch_target_ms` (50 ms by default, meant to stay under 100 ms),
+//!   takes about `retention.batch_target_ms` (25 ms by default, so the slowest stay under 100 ms),
 //!   between [`MIN_BATCH`] and `retention.batch_rows`; `retention.pause_ms` of rest follows
 //!   each batch so live traffic goes first.
 //! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
