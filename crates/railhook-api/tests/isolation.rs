@@ -51,9 +51,11 @@ async fn a_foreign_key_walks_every_route_and_gets_404() {
         assert_eq!(status, 404, "{method} {path} with a foreign key: {body}");
         assert_eq!(body["error"]["code"], "not_found", "{method} {path}");
     }
-    // Creating a subscription on A's endpoint is refused without revealing it exists.
+    // Creating a subscription on A's endpoint is refused as for an id that names nothing
+    // (404 naming the field), without revealing it exists.
     let (s, body) = api.post(&b.key, "/v1/subscriptions", json!({"endpoint_id": ep_id, "event_type": "**"})).await;
-    assert_eq!(s, 422, "{body}");
+    assert_eq!(s, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
     assert_eq!(body["error"]["field"], "endpoint_id");
     // Lists show none of A's rows.
     for path in ["/v1/events", "/v1/endpoints", "/v1/subscriptions", "/v1/api-keys"] {

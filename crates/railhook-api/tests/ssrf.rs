@@ -195,5 +195,5 @@ async fn unresolvable_names_are_refused() {
     let api = api(&[]).await;
     let p = api.project().await;
     let (status, body) = api.post(&p.key, "/v1/endpoints", json!({"url": "http://nowhere.test/"})).await;
-    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["field"].as_str()), (422, Some("invalid_url"), Some("url")), "{body}");
+    assert_eq!((status, body["error"]["code"].as_str(), body["error"]["field"].as_str()), (422, Some("url_unresolvable"), Some("url")), "{body}");
 }
