@@ -236,15 +236,20 @@ pub struct NetworkConfig {
 pub struct ReplayConfig {
     /// Events one batch reads (and replays), in one transaction.
     pub batch_size: i64,
-    /// Pause after each batch, so live Deliveries go first.
+    /// Least rest after each batch (the pace below usually rests longer).
     pub pause_ms: u64,
+    /// Deliveries all Replays together may make per second, across every worker process
+    /// (the shared pace, migration 0019): the Replay's share of the delivery capacity, so
+    /// live traffic keeps the rest. A batch reads at most a tenth of a second's worth of
+    /// Events (and at most `batch_size`), so the pace is smooth, not bursts.
+    pub max_deliveries_per_second: f64,
     /// Longest time range one Replay may cover (`to - from`); longer is a 422 naming `to`.
     pub max_range_days: i64,
 }
 
 impl Default for ReplayConfig {
     fn default() -> Self {
-        ReplayConfig { batch_size: 100, pause_ms: 250, max_range_days: 30 }
+        ReplayConfig { batch_size: 100, pause_ms: 10, max_deliveries_per_second: 100.0, max_range_days: 30 }
     }
 }
 
@@ -590,6 +595,9 @@ impl Config {
         }
         if !(1..=10_000).contains(&self.replay.batch_size) {
             problems.push("replay.batch_size must be from 1 to 10000 (Events per batch, one transaction each)".into());
+        }
+        if !(self.replay.max_deliveries_per_second.is_finite() && (1.0..=100_000.0).contains(&self.replay.max_deliveries_per_second)) {
+            problems.push("replay.max_deliveries_per_second must be from 1 to 100000 (100 is the default)".into());
         }
         if !(1..=3_650).contains(&self.replay.max_range_days) {
             problems.push("replay.max_range_days must be from 1 to 3650".into());

@@ -16,6 +16,9 @@
 //!   at most [`MAX_TYPES`]), each weighted in Rust by the number of chosen Endpoints with a
 //!   matching Subscription, then one bounded COUNT over `events_project_type_idx`.
 //! - One running Replay per Project: `replays_one_running_idx`.
+//! - [`step`] is the runner's call: the batch above, but only when the shared pace
+//!   (`replay_pace`, migration 0019) allows it, and moving the pace on by the Deliveries it
+//!   made over `replay.max_deliveries_per_second`: one cap for all Replays in all processes.
 //!
 //! Per (Event, Endpoint) one Delivery is made, whatever the number of matching
 //! Subscriptions of that Endpoint: the first of them with ordering, else the first by id.
@@ -351,15 +354,52 @@ UPDATE replays SET cursor_created_at = $2, cursor_event_id = $3, made = made + $
        finished_at = CASE WHEN $6 THEN now() END, updated_at = now()
 WHERE id = $1";
 
+/// Seconds until the next batch may run (0 when it may now), by the shared pace
+/// (`replay_pace`, migration 0019).
+const PACE_SQL: &str = "
+SELECT CASE WHEN not_before > clock_timestamp() THEN EXTRACT(EPOCH FROM not_before - clock_timestamp()) ELSE 0 END::float8
+FROM replay_pace";
+
+/// A batch that made `$1` Deliveries moves the pace on by `$1 / max_per_second` seconds.
+const PACE_ADVANCE_SQL: &str = "UPDATE replay_pace SET not_before = clock_timestamp() + make_interval(secs => $1::float8)";
+
+/// What one [`step`] of the runner did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Step {
+    /// A batch ran.
+    Ran(Batch),
+    /// The pace says the next batch may run in this long.
+    NotBefore(std::time::Duration),
+    /// Another process holds the runner's lock, or nothing runs.
+    Idle,
+}
+
 /// One batch of at most `batch` Events of one running Replay, in one transaction (see the
-/// module doc). `None`: another process holds the runner's lock, or nothing runs.
+/// module doc), with no pace. `None`: another process holds the runner's lock, or nothing
+/// runs.
 pub async fn run_batch(client: &mut deadpool_postgres::Client, batch: i64) -> Result<Option<Batch>, StoreError> {
+    Ok(match step(client, batch, None).await? {
+        Step::Ran(b) => Some(b),
+        Step::NotBefore(_) | Step::Idle => None,
+    })
+}
+
+/// The runner's step: under the runner's lock, when the shared pace allows it, one batch (as
+/// [`run_batch`]); after it the pace moves on by `made / max_per_second` seconds, so all
+/// Replays together make at most `max_per_second` Deliveries a second across every process.
+pub async fn step(client: &mut deadpool_postgres::Client, batch: i64, max_per_second: Option<f64>) -> Result<Step, StoreError> {
     let tx = client.transaction().await?;
     let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::REPLAY.key]).await?.get(0);
     if !locked {
-        return Ok(None);
+        return Ok(Step::Idle);
     }
-    let Some(row) = tx.query_opt(PICK_SQL, &[]).await? else { return Ok(None) };
+    if max_per_second.is_some() {
+        let wait: f64 = tx.query_one(PACE_SQL, &[]).await?.get(0);
+        if wait > 0.0 {
+            return Ok(Step::NotBefore(std::time::Duration::from_secs_f64(wait)));
+        }
+    }
+    let Some(row) = tx.query_opt(PICK_SQL, &[]).await? else { return Ok(Step::Idle) };
     let r = running_from(&row);
     let events = tx.query(EVENTS_SQL, &[&r.project, &r.cursor.0, &r.cursor.1, &r.filter.to, &batch]).await?;
     let candidates = candidates(&tx, r.project, r.filter.endpoint_ids.as_deref()).await?;
@@ -368,8 +408,11 @@ pub async fn run_batch(client: &mut deadpool_postgres::Client, batch: i64) -> Re
     let finished = (events.len() as i64) < batch;
     let cursor = events.last().map(|e| (e.get::<_, DateTime<Utc>>(2), e.get::<_, Uuid>(0))).unwrap_or(r.cursor);
     tx.execute(ADVANCE_SQL, &[&r.id, &cursor.0, &cursor.1, &(made as i64), &(events.len() as i64), &finished]).await?;
+    if let Some(rate) = max_per_second {
+        tx.execute(PACE_ADVANCE_SQL, &[&(made as f64 / rate.max(0.001))]).await?;
+    }
     tx.commit().await?;
-    Ok(Some(Batch { replay: r.id, events: events.len() as u64, made, finished }))
+    Ok(Step::Ran(Batch { replay: r.id, events: events.len() as u64, made, finished }))
 }
 
 /// The batch's Deliveries, in Event order.

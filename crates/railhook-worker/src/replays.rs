@@ -6,8 +6,13 @@
 //!   leaves the lock held.
 //! - Resumable: a batch's Deliveries, their announcements and the Replay's cursor commit
 //!   together; a restarted worker (any of them) goes on from the cursor.
-//! - Below live traffic: `replay.batch_size` Events per batch, then `replay.pause_ms` of
-//!   rest; with nothing running it looks again every [`IDLE`]. Before each batch it yields
+//! - Below live traffic, first by a cap: all Replays together make at most
+//!   `replay.max_deliveries_per_second` Deliveries a second (100 by default), whichever
+//!   worker runs them: each batch moves a shared pace (`replay_pace`, migration 0019) on by
+//!   the Deliveries it made over the cap, and a batch reads at most a tenth of a second's
+//!   worth of Events ([`events_per_batch`]), so the Deliveries come smoothly, not in bursts.
+//!   `replay.pause_ms` is the least rest after a batch; with nothing running the runner
+//!   looks again every [`IDLE`]. Before each batch it also yields
 //!   ([`pressure`]): no batch while the replayed Deliveries not yet claimed reach
 //!   `2 x replay.batch_size` (the Replay goes no faster than its Deliveries are sent, so its
 //!   backlog never queues in front of live hints), nor while a live Delivery has been waiting
@@ -18,7 +23,7 @@
 use std::time::Duration;
 
 use railhook_config::ReplayConfig;
-use railhook_store::replays::{run_batch, Batch};
+use railhook_store::replays::{step, Batch, Step};
 use tokio_util::sync::CancellationToken;
 
 /// How often an idle runner (nothing running, or another process holds the lock) looks.
@@ -66,13 +71,21 @@ pub async fn pressure(pool: &railhook_store::Pool, batch_size: i64) -> Option<Pr
     }
 }
 
+/// Events one batch reads: a tenth of a second's worth at the cap (one Delivery per Event;
+/// a fan-out's batch makes more and the pace rests longer after it), at least 1, at most
+/// `replay.batch_size`.
+pub fn events_per_batch(config: &ReplayConfig) -> i64 {
+    ((config.max_deliveries_per_second / 10.0).ceil() as i64).clamp(1, config.batch_size.max(1))
+}
+
 /// Runs batches until `shutdown`. A failed batch rolled back entirely; it is tried again
 /// after the idle wait.
 pub async fn run(pool: railhook_store::Pool, config: ReplayConfig, shutdown: CancellationToken) {
     let pause = Duration::from_millis(config.pause_ms);
+    let size = events_per_batch(&config);
     let mut holds = 0u32;
     loop {
-        let held = if holds < MAX_HOLDS { pressure(&pool, config.batch_size).await } else { None };
+        let held = if holds < MAX_HOLDS { pressure(&pool, size).await } else { None };
         if let Some(p) = held {
             holds += 1;
             tracing::debug!(pressure = ?p, "replay runner: live traffic first");
@@ -83,12 +96,14 @@ pub async fn run(pool: railhook_store::Pool, config: ReplayConfig, shutdown: Can
             continue;
         }
         holds = 0;
-        let wait = match batch(&pool, config.batch_size).await {
-            Some(b) => {
+        let wait = match batch(&pool, size, config.max_deliveries_per_second).await {
+            Step::Ran(b) => {
                 log(&b);
                 pause
             }
-            None => IDLE,
+            // Not yet: no hold counted, the pace is the Replay's own rule.
+            Step::NotBefore(d) => d.clamp(Duration::from_millis(1), IDLE),
+            Step::Idle => IDLE,
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -97,19 +112,19 @@ pub async fn run(pool: railhook_store::Pool, config: ReplayConfig, shutdown: Can
     }
 }
 
-async fn batch(pool: &railhook_store::Pool, size: i64) -> Option<Batch> {
+async fn batch(pool: &railhook_store::Pool, size: i64, max_per_second: f64) -> Step {
     let mut client = match pool.get().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "replay runner: no connection");
-            return None;
+            return Step::Idle;
         }
     };
-    match run_batch(&mut client, size).await {
-        Ok(b) => b,
+    match step(&mut client, size, Some(max_per_second)).await {
+        Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "replay batch failed (rolled back; tried again)");
-            None
+            Step::Idle
         }
     }
 }

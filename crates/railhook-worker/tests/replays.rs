@@ -49,9 +49,14 @@ async fn start_replay(pool: &railhook_store::Pool, project: ProjectId) -> (railh
 struct Runner(CancellationToken, tokio::task::JoinHandle<()>);
 
 impl Runner {
+    /// A runner with no pace to speak of (a cap far above what a test makes).
     fn start(pool: &railhook_store::Pool, batch_size: i64) -> Runner {
+        Runner::paced(pool, batch_size, 100_000.0)
+    }
+
+    fn paced(pool: &railhook_store::Pool, batch_size: i64, max_deliveries_per_second: f64) -> Runner {
         let stop = CancellationToken::new();
-        let config = ReplayConfig { batch_size, pause_ms: 5, max_range_days: 30 };
+        let config = ReplayConfig { batch_size, pause_ms: 5, max_deliveries_per_second, max_range_days: 30 };
         Runner(stop.clone(), tokio::spawn(railhook_worker::replays::run(pool.clone(), config, stop)))
     }
 
@@ -123,6 +128,52 @@ async fn a_runner_stopped_and_started_again_makes_each_delivery_once() {
     assert_eq!(count(&client, once).await, 4_000);
     assert_eq!(count(&client, "SELECT count(*) FROM deliveries WHERE replay_id IS NOT NULL").await, 4_000);
     assert_eq!(count(&client, "SELECT count(*) FROM outbox WHERE reason = 'replay'").await, 4_000);
+}
+
+/// Two runners (two worker processes) share one pace: all Replays together make at most
+/// `replay.max_deliveries_per_second`. Without the shared pace, each runner would go at its
+/// own pause and the two together would finish this replay in well under a second.
+#[tokio::test]
+async fn two_runners_together_keep_to_the_replay_cap() {
+    const RATE: f64 = 400.0;
+    const EVENTS: i64 = 1_200;
+    let (db, pool, fixture) = Fixture::in_fresh_db(1).await;
+    let client = db.client().await;
+    store_events(&client, fixture.project, EVENTS).await;
+    let (id, total) = start_replay(&pool, fixture.project).await;
+    assert_eq!(total, EVENTS);
+    // Stands in for the workers' sending: replayed Deliveries leave PENDING as they come, so
+    // the runner's backlog check never holds it and the pace alone sets the rate.
+    let drain_stop = CancellationToken::new();
+    let drain = {
+        let (pool, stop) = (pool.clone(), drain_stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let c = pool.get().await.unwrap();
+                c.execute("UPDATE deliveries SET status = 'SUCCESS', completed_at = now() WHERE replay_id IS NOT NULL AND status = 'PENDING'", &[]).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let (a, b) = (Runner::paced(&pool, 100, RATE), Runner::paced(&pool, 100, RATE));
+    eventually(Duration::from_secs(60), "the replay completed", || async {
+        (progress(&pool, fixture.project, id).await.0 == ReplayState::Completed).then_some(())
+    })
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    a.stop().await;
+    b.stop().await;
+    drain_stop.cancel();
+    drain.await.unwrap();
+    assert_eq!(progress(&pool, fixture.project, id).await.1, EVENTS);
+    // The first batch (a tenth of a second's worth: 40 Events) is free; the rest is paced.
+    let least = (EVENTS as f64 - RATE / 10.0) / RATE;
+    assert!(took >= least * 0.95, "{EVENTS} Deliveries at most {RATE}/s take at least {least:.2} s; took {took:.2} s");
+    assert!(took <= least * 3.0 + 5.0, "the pace must not starve the replay: {took:.2} s for {least:.2} s of work");
+    // Smooth, not bursts: no batch made more than a tenth of a second's worth.
+    let biggest = count(&client, "SELECT max(n) FROM (SELECT count(*) AS n FROM deliveries WHERE replay_id IS NOT NULL GROUP BY created_at) b").await;
+    assert!(biggest <= (RATE / 10.0) as i64, "a batch made {biggest} Deliveries");
 }
 
 #[tokio::test]
