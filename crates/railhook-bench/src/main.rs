@@ -50,6 +50,7 @@ pub struct Args {
     pub replay_live_rate: f64,
     pub replay_batch_size: Option<i64>,
     pub replay_pause_ms: Option<u64>,
+    pub replay_max_per_second: Option<f64>,
 }
 
 impl Args {
@@ -74,6 +75,7 @@ fn parse_args() -> anyhow::Result<Args> {
         replay_live_rate: 150.0,
         replay_batch_size: None,
         replay_pause_ms: None,
+        replay_max_per_second: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -89,6 +91,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--max-rate" => args.max_rate = it.next().context("--max-rate needs a value")?.parse().context("--max-rate: events per second")?,
             "--replay-live-rate" => args.replay_live_rate = it.next().context("--replay-live-rate needs a value")?.parse().context("--replay-live-rate: events per second")?,
             "--replay-batch-size" => args.replay_batch_size = Some(it.next().context("--replay-batch-size needs a value")?.parse().context("--replay-batch-size: Events per batch")?),
+            "--replay-max-per-second" => args.replay_max_per_second = Some(it.next().context("--replay-max-per-second needs a value")?.parse().context("--replay-max-per-second: Deliveries per second")?),
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "-h" | "--help" => {
                 println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}|{}]...", BENCHMARKS.join("|"), e2e::CLEAN_PHASES.join("|"));
@@ -102,7 +105,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
                 println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput");
-                println!("  --replay-batch-size, --replay-pause-ms: the Replay's replay.batch_size and replay.pause_ms (default: the configuration's)");
+                println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
