@@ -152,7 +152,9 @@ pub struct RelayConfig {
     pub recreate_lost_slot: bool,
     /// Interval of Standby Status Updates; keep it well inside `wal_sender_timeout`.
     pub status_interval_ms: u64,
-    /// Relayed outbox rows older than this are deleted.
+    /// Relayed outbox rows older than this are deleted (3 days, the poller-based original's
+    /// default for published rows; CDC mode never reads a row again once it is in the WAL,
+    /// so an hour is enough where disk matters).
     pub outbox_retention_seconds: u64,
     /// How often the relay deletes expired outbox rows (in batches of 5000).
     pub outbox_cleanup_interval_ms: u64,
@@ -380,7 +382,7 @@ impl Default for RelayConfig {
             create_slot: true,
             recreate_lost_slot: true,
             status_interval_ms: 1_000,
-            outbox_retention_seconds: 3_600,
+            outbox_retention_seconds: 3 * 86_400,
             outbox_cleanup_interval_ms: 10_000,
             ops_listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
         }
