@@ -279,8 +279,12 @@ pub struct RetentionConfig {
     pub batch_rows: i64,
     /// A batch's target duration: the batch size adapts so each takes about this long.
     pub batch_target_ms: u64,
-    /// Rest between two batches, so live traffic goes first.
+    /// Least rest between two batches.
     pub pause_ms: u64,
+    /// The most of the time the job may spend in its statements: after a batch that took
+    /// `t` it rests at least `t * (100 / max_busy_percent - 1)`, so live traffic keeps the
+    /// rest of the database (10: a 10 ms batch, then 90 ms of rest).
+    pub max_busy_percent: u64,
 }
 
 impl Default for RetentionConfig {
@@ -292,8 +296,9 @@ impl Default for RetentionConfig {
             failed_days: 90.0,
             attempts_days: 30.0,
             batch_rows: 1_000,
-            batch_target_ms: 25,
+            batch_target_ms: 10,
             pause_ms: 10,
+            max_busy_percent: 10,
         }
     }
 }
@@ -616,8 +621,11 @@ impl Config {
         if !(10..=100_000).contains(&r.batch_rows) {
             problems.push("retention.batch_rows must be from 10 to 100000 (1000 is the default)".into());
         }
+        if !(1..=100).contains(&r.max_busy_percent) {
+            problems.push("retention.max_busy_percent must be from 1 to 100 (10 is the default)".into());
+        }
         if !(1..=1_000).contains(&r.batch_target_ms) {
-            problems.push("retention.batch_target_ms must be from 1 to 1000 (25 is the default; batches are meant to stay under 100 ms)".into());
+            problems.push("retention.batch_target_ms must be from 1 to 1000 (10 is the default; batches are meant to stay under 100 ms)".into());
         }
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {

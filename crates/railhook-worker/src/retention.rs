@@ -9,9 +9,10 @@
 //! - Bounded batches: each statement reads at most `batch` Events (Incoming Events) of one
 //!   Project and deletes the ones that may go with their Deliveries (Forwards) and Attempts.
 //!   The batch size adapts to the measured duration of the previous batch so that each one
-//!   takes about `retention.batch_target_ms` (25 ms by default, so the slowest stay under 100 ms),
-//!   between [`MIN_BATCH`] and `retention.batch_rows`; `retention.pause_ms` of rest follows
-//!   each batch so live traffic goes first.
+//!   takes about `retention.batch_target_ms` (10 ms by default, so the slowest stay well under 100 ms),
+//!   between [`MIN_BATCH`] and `retention.batch_rows`. After each batch the job rests
+//!   ([`rest_after`]) at least `retention.pause_ms` and long enough to be busy at most
+//!   `retention.max_busy_percent` (10 %) of the time, so live traffic goes first.
 //! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
 //!   (dropped whole, `railhook_store::attempts`), then per Project its Events and its
 //!   Incoming Events, then finished Replays with nothing left.
@@ -192,7 +193,7 @@ pub async fn run_once(pool: &railhook_store::Pool, config: &RetentionConfig, met
         metrics.runs.with_label_values(&["skipped"]).inc();
         return Ok(Outcome::Skipped);
     }
-    let mut job = Job { db: &client, config, metrics, sizer, shutdown, report: Report::default() };
+    let mut job = Job { db: &client, config, metrics, sizer, shutdown, report: Report::default(), last_batch: Duration::ZERO };
     let result = job.run().await;
     let report = job.report;
     match store::unlock(&client).await {
@@ -220,6 +221,8 @@ struct Job<'a> {
     sizer: &'a mut Sizer,
     shutdown: &'a CancellationToken,
     report: Report,
+    /// How long the last batch took (the rest after it follows from it).
+    last_batch: Duration,
 }
 
 impl Job<'_> {
@@ -299,15 +302,23 @@ impl Job<'_> {
         self.report.batches += 1;
         self.report.max_batch = self.report.max_batch.max(took);
         self.sizer.observe(d.examined, took);
+        self.last_batch = took;
     }
 
-    /// The pause between batches; false when shutting down.
+    /// The pause after a batch ([`rest_after`]); false when shutting down.
     async fn rest(&self) -> bool {
         tokio::select! {
             _ = self.shutdown.cancelled() => false,
-            _ = tokio::time::sleep(Duration::from_millis(self.config.pause_ms)) => true,
+            _ = tokio::time::sleep(rest_after(self.config, self.last_batch)) => true,
         }
     }
+}
+
+/// The rest after a batch that took `took`: at least `retention.pause_ms`, and long enough
+/// that the job is busy at most `retention.max_busy_percent` of the time.
+pub fn rest_after(config: &RetentionConfig, took: Duration) -> Duration {
+    let busy = config.max_busy_percent.clamp(1, 100) as f64 / 100.0;
+    Duration::from_millis(config.pause_ms).max(took.mul_f64(1.0 / busy - 1.0))
 }
 
 #[cfg(test)]
@@ -339,6 +350,15 @@ mod tests {
             s.observe(rows, Duration::from_millis(1));
         }
         assert_eq!(s.rows, 1_000, "never above retention.batch_rows");
+    }
+
+    #[test]
+    fn the_rest_keeps_the_job_busy_at_most_its_share() {
+        let config = RetentionConfig { pause_ms: 10, max_busy_percent: 10, ..RetentionConfig::default() };
+        assert_eq!(rest_after(&config, Duration::from_millis(20)), Duration::from_millis(180));
+        assert_eq!(rest_after(&config, Duration::from_micros(500)), Duration::from_millis(10), "never below pause_ms");
+        let all = RetentionConfig { pause_ms: 0, max_busy_percent: 100, ..RetentionConfig::default() };
+        assert_eq!(rest_after(&all, Duration::from_millis(20)), Duration::ZERO);
     }
 
     #[test]
