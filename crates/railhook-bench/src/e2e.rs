@@ -21,6 +21,7 @@ use crate::{json, percentiles, Args, Percentiles};
 
 mod clean;
 pub mod replay;
+pub mod retention;
 
 pub use clean::NAMES as CLEAN_PHASES;
 pub use clean::report as clean_phases_alone;

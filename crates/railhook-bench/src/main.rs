@@ -11,7 +11,8 @@
 //! the phases on a clean database each (`hot_endpoint`, `fanout_10`), which can also be named
 //! alone: then only they run, and the report's `e2e` holds only their figures. `replay` (also
 //! on a clean stack): live e2e latency to one Endpoint without and with a Replay of 100,000
-//! Events to another.
+//! Events to another. `retention` (also on a clean stack): live e2e latency to one Endpoint in
+//! alternating windows without and with the retention job deleting a backlog of expired history.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,7 +28,7 @@ mod procs;
 mod relay;
 mod stack;
 
-const BENCHMARKS: [&str; 7] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "replay"];
+const BENCHMARKS: [&str; 8] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "replay", "retention"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -51,6 +52,12 @@ pub struct Args {
     pub replay_batch_size: Option<i64>,
     pub replay_pause_ms: Option<u64>,
     pub replay_max_per_second: Option<f64>,
+    /// retention: the live rate, the number of off/on window pairs, and the job's settings
+    /// (None: the config default).
+    pub retention_live_rate: f64,
+    pub retention_pairs: usize,
+    pub retention_batch_target_ms: Option<u64>,
+    pub retention_pause_ms: Option<u64>,
 }
 
 impl Args {
@@ -76,6 +83,10 @@ fn parse_args() -> anyhow::Result<Args> {
         replay_batch_size: None,
         replay_pause_ms: None,
         replay_max_per_second: None,
+        retention_live_rate: 200.0,
+        retention_pairs: 4,
+        retention_batch_target_ms: None,
+        retention_pause_ms: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -93,6 +104,10 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-batch-size" => args.replay_batch_size = Some(it.next().context("--replay-batch-size needs a value")?.parse().context("--replay-batch-size: Events per batch")?),
             "--replay-max-per-second" => args.replay_max_per_second = Some(it.next().context("--replay-max-per-second needs a value")?.parse().context("--replay-max-per-second: Deliveries per second")?),
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
+            "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
+            "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
+            "--retention-batch-target-ms" => args.retention_batch_target_ms = Some(it.next().context("--retention-batch-target-ms needs a value")?.parse().context("--retention-batch-target-ms: milliseconds")?),
+            "--retention-pause-ms" => args.retention_pause_ms = Some(it.next().context("--retention-pause-ms needs a value")?.parse().context("--retention-pause-ms: milliseconds")?),
             "-h" | "--help" => {
                 println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}|{}]...", BENCHMARKS.join("|"), e2e::CLEAN_PHASES.join("|"));
                 println!("  no name: every benchmark; e2e (or memory) includes the phases {}", e2e::CLEAN_PHASES.join(" and "));
@@ -106,6 +121,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
                 println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput");
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
+                println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in --retention-pairs (4) pairs of 15 s windows: off (nothing");
+                println!("    expired) and on (the retention job deleting a backlog of 40-day-old Events seeded just before); pooled p99 on/off (target < 1.1x)");
+                println!("  --retention-batch-target-ms, --retention-pause-ms: the job's retention.batch_target_ms and retention.pause_ms (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -132,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
             "relay_latency" => results.push(relay::relay_latency(&args).await?),
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
             "replay" => results.push(e2e::replay::run(&args).await?),
+            "retention" => results.push(e2e::retention::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),
             "ingress" => {

@@ -1,0 +1,544 @@
+//! The `retention` phase (issue 17: "a retention job running during the e2e benchmark changes
+//! its p99 by less than 10 %"), on a clean stack of its own with `retention.interval_seconds`
+//! 1 (so a run starts within a second of expired rows appearing) and every other setting at
+//! its default (`events_days` 30, `batch_target_ms` 25, `pause_ms` 10):
+//!
+//! - Endpoint L (`bench.retention.live`) gets live Events at a fixed rate
+//!   (`--retention-live-rate`, default 200/s, e2e's light rate; 32 connections), latency from
+//!   the 201 to the receiver's arrival, as in e2e.
+//! - Endpoint H (`bench.retention.history`) only has history: Events created 40 days ago, each
+//!   with its SUCCESS Delivery to H and one Attempt (`attempts_default` on a fresh database: no
+//!   daily partition is that old), 1 KiB payloads, inserted in bulk with SQL in one
+//!   transaction, then `VACUUM (ANALYZE)` so they look like rows a month old, not fresh inserts.
+//! - Alternating windows of [`WINDOW`], `--retention-pairs` pairs (default 4). "off": no
+//!   expired row exists (awaited in the database after the previous backlog: the job deleted
+//!   every one) and the job's runs find nothing. "on": right before it a backlog is seeded and
+//!   its first deletion awaited (the worker's `railhook_retention_deleted_rows_total`), sized
+//!   from the delete rate measured so far so that the job is still deleting when the window
+//!   ends. Each on window records whether expired rows remained at its end and in every
+//!   sample of the worker's metrics within it (busy throughout) and how many rows the job
+//!   deleted in it.
+//! - Before every window: the relay caught up past the seed (a short unmeasured burst of live
+//!   Events that must arrive: its outbox rows come after the seed's commit in the WAL) and no
+//!   autovacuum worker running in the database; autovacuums that ran within a window are
+//!   counted in its record, not prevented (deleting rows makes them; they belong to "on").
+//! - Figures: off and on samples pooled, p50/p95/p99/max each, p99 on/off (target < 1.1) and
+//!   p50 on/off, the per-pair p99s (the noise), rows deleted per second in the on windows.
+//!   `targets.met`: ratio < 1.1, every on window busy throughout, every live Event delivered.
+//!   `--retention-batch-target-ms` and `--retention-pause-ms` try other job settings.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use railhook_config::Config;
+use tokio_postgres::Client;
+
+use super::{accepted_deliveries, cpu_delta, cpu_snapshot, ms_between, one_type, plan, wait_arrivals};
+use crate::http::{get_text, Receiver};
+use crate::load;
+use crate::stack::Stack;
+use crate::{json, percentiles, Args, Percentiles};
+
+pub const NAME: &str = "retention";
+/// One measured window, off or on.
+const WINDOW: Duration = Duration::from_secs(15);
+/// The unmeasured window during which the first backlog's delete rate is measured.
+const CALIBRATION_WINDOW: Duration = Duration::from_secs(5);
+const CALIBRATION_EVENTS: i64 = 100_000;
+/// Bounds of an on window's backlog (Events; each with one Delivery and one Attempt).
+const MIN_SEED: i64 = 60_000;
+const MAX_SEED: i64 = 400_000;
+/// Backlog = this many times what the job deletes, at the fastest rate seen so far, from the
+/// seed's commit to the window's end.
+const SEED_MARGIN: f64 = 2.0;
+/// Events per INSERT statement of a seed (all of a seed's statements in one transaction).
+const SEED_STEP: i64 = 20_000;
+/// How old the seeded history is (the default `retention.events_days` is 30).
+const HISTORY_DAYS: i32 = 40;
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+const DRAIN_CAP: Duration = Duration::from_secs(900);
+const AUTOVACUUM_CAP: Duration = Duration::from_secs(120);
+const LIVE_TYPE: &str = "bench.retention.live";
+const HISTORY_TYPE: &str = "bench.retention.history";
+/// The issue's target: p99 with the job deleting under 1.1 times the p99 without.
+const P99_RATIO_TARGET: f64 = 1.1;
+
+/// The retention job's counters from the worker's /metrics.
+#[derive(Debug, Clone, Copy, Default)]
+struct JobCounters {
+    events: f64,
+    deliveries: f64,
+    attempts: f64,
+    batches: f64,
+    batch_seconds: f64,
+    batches_within_100ms: f64,
+    runs_failed: f64,
+}
+
+impl JobCounters {
+    async fn read(url: &str) -> anyhow::Result<JobCounters> {
+        let text = get_text(url).await?;
+        let m: HashMap<&str, f64> = text
+            .lines()
+            .filter(|l| l.starts_with("railhook_retention_"))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(k, v)| Some((k, v.parse::<f64>().ok()?))))
+            .collect();
+        let g = |k: &str| m.get(k).copied().unwrap_or(0.0);
+        Ok(JobCounters {
+            events: g("railhook_retention_deleted_rows_total{table=\"events\"}"),
+            deliveries: g("railhook_retention_deleted_rows_total{table=\"deliveries\"}"),
+            attempts: g("railhook_retention_deleted_rows_total{table=\"attempts\"}"),
+            batches: g("railhook_retention_batch_seconds_count"),
+            batch_seconds: g("railhook_retention_batch_seconds_sum"),
+            batches_within_100ms: g("railhook_retention_batch_seconds_bucket{le=\"0.1\"}"),
+            runs_failed: g("railhook_retention_runs_total{result=\"failed\"}"),
+        })
+    }
+
+    fn minus(&self, b: &JobCounters) -> JobCounters {
+        JobCounters {
+            events: self.events - b.events,
+            deliveries: self.deliveries - b.deliveries,
+            attempts: self.attempts - b.attempts,
+            batches: self.batches - b.batches,
+            batch_seconds: self.batch_seconds - b.batch_seconds,
+            batches_within_100ms: self.batches_within_100ms - b.batches_within_100ms,
+            runs_failed: self.runs_failed - b.runs_failed,
+        }
+    }
+
+    fn rows(&self) -> f64 {
+        self.events + self.deliveries + self.attempts
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "events": self.events, "deliveries": self.deliveries, "attempts": self.attempts, "rows": self.rows(),
+            "batches": self.batches,
+            "mean_batch_ms": if self.batches > 0.0 { (self.batch_seconds / self.batches * 1000.0 * 100.0).round() / 100.0 } else { 0.0 },
+            "batches_over_100ms": self.batches - self.batches_within_100ms,
+            "runs_failed": self.runs_failed,
+        })
+    }
+}
+
+/// Endpoint H's rows the seeds need.
+struct History {
+    project: uuid::Uuid,
+    endpoint: uuid::Uuid,
+    subscription: uuid::Uuid,
+}
+
+/// One seeded backlog.
+#[derive(Debug, Clone, Copy)]
+struct Seed {
+    events: i64,
+    insert_s: f64,
+    vacuum_s: f64,
+    /// From the commit to the job's first deletion seen in its metrics.
+    job_started_after_s: f64,
+    committed: Instant,
+}
+
+impl Seed {
+    fn json(&self, lead_s: f64) -> serde_json::Value {
+        serde_json::json!({
+            "events": self.events, "insert_s": self.insert_s, "vacuum_analyze_s": self.vacuum_s,
+            "job_started_after_s": self.job_started_after_s, "commit_to_window_s": lead_s,
+        })
+    }
+}
+
+/// One window's record.
+struct Window {
+    pair: usize,
+    on: bool,
+    ms: Vec<f64>,
+    accepted: usize,
+    refused: usize,
+    delivered: usize,
+    seconds: f64,
+    job: JobCounters,
+    /// Expired Events left in the database at the end of the load.
+    remaining_at_end: i64,
+    /// Seconds into the window at which the worker's metrics first showed no expired Event
+    /// left (None: never within the window).
+    drained_at: Option<f64>,
+    samples: usize,
+    autovacuums: i64,
+    autovacuum_running: bool,
+    cpu: serde_json::Value,
+    seed: Option<(Seed, f64)>,
+}
+
+impl Window {
+    fn p(&self) -> Percentiles {
+        percentiles(self.ms.clone())
+    }
+
+    /// The job was deleting for the whole window.
+    fn busy(&self) -> bool {
+        self.remaining_at_end > 0 && self.drained_at.is_none() && self.job.events > 0.0
+    }
+
+    /// Seconds the job had expired rows to delete within the window.
+    fn busy_s(&self) -> f64 {
+        self.drained_at.unwrap_or(self.seconds).max(0.001)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "pair": self.pair, "kind": if self.on { "on" } else { "off" },
+            "accepted": self.accepted, "refused": self.refused, "delivered": self.delivered, "seconds": self.seconds,
+            "latency_201_to_arrival": json(&self.p()),
+            "deleted": self.job.json(),
+            "events_deleted_per_s": self.job.events / self.busy_s(), "rows_deleted_per_s": self.job.rows() / self.busy_s(),
+            "expired_events_at_end": self.remaining_at_end, "drained_at_s": self.drained_at, "metric_samples": self.samples,
+            "busy_throughout": self.busy(),
+            "autovacuums_finished": self.autovacuums, "autovacuum_running_at_start_or_end": self.autovacuum_running,
+            "cpu_cores": self.cpu,
+            "seed": self.seed.map(|(s, lead)| s.json(lead)),
+        })
+    }
+}
+
+/// Windows pooled.
+fn pooled(ws: &[&Window]) -> (Percentiles, serde_json::Value) {
+    let ms: Vec<f64> = ws.iter().flat_map(|w| w.ms.iter().copied()).collect();
+    let p = percentiles(ms);
+    let sum = |f: fn(&Window) -> usize| ws.iter().copied().map(f).sum::<usize>();
+    let v = serde_json::json!({
+        "windows": ws.len(), "accepted": sum(|w| w.accepted), "refused": sum(|w| w.refused), "delivered": sum(|w| w.delivered),
+        "seconds": ws.iter().map(|w| w.seconds).sum::<f64>(), "latency_201_to_arrival": json(&p),
+    });
+    (p, v)
+}
+
+/// Live Events to L at `rate` for `duration`, the worker's retention counters sampled every
+/// [`SAMPLE_EVERY`] meanwhile (`seeded`: every Event seeded so far, so that seeded less
+/// deleted is what is left). Waits (at most 60 s) for every Delivery to arrive.
+async fn window(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, duration: Duration, seeded: i64) -> anyhow::Result<Window> {
+    let metrics = format!("http://{}/metrics", stack.config.worker.ops_listen);
+    let (av0, running0) = autovacuum(db).await?;
+    let job0 = JobCounters::read(&metrics).await?;
+    let cpu0 = cpu_snapshot(stack);
+    let p = plan(stack, stack.api_addr, Some(rate), duration, one_type(LIVE_TYPE));
+    let t0 = Instant::now();
+    let sampler = async {
+        let mut samples = Vec::new();
+        while t0.elapsed() < duration {
+            if let Ok(c) = JobCounters::read(&metrics).await {
+                samples.push((t0.elapsed().as_secs_f64(), seeded - c.events as i64));
+            }
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        samples
+    };
+    let (sent, samples) = tokio::join!(load::run(&p), sampler);
+    let sent = sent?;
+    let load_end = Instant::now();
+    let seconds = t0.elapsed().as_secs_f64();
+    let job = JobCounters::read(&metrics).await?.minus(&job0);
+    let remaining_at_end = expired(db, stack.config.retention.events_days).await?;
+    let (av1, running1) = autovacuum(db).await?;
+    let ids = accepted_deliveries(&sent);
+    wait_arrivals(stack, rx, &ids, load_end + Duration::from_secs(60)).await?;
+    let cpu = cpu_delta(stack, &cpu0, seconds);
+    let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
+    let ms: Vec<f64> = ids.iter().zip(arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
+    Ok(Window {
+        pair: 0,
+        on: false,
+        accepted: ids.len(),
+        refused: sent.iter().filter(|s| s.status.as_u16() != 201).count(),
+        delivered: ms.len(),
+        ms,
+        seconds,
+        job,
+        remaining_at_end,
+        drained_at: samples.iter().find(|(_, left)| *left <= 0).map(|(t, _)| *t),
+        samples: samples.len(),
+        autovacuums: av1 - av0,
+        autovacuum_running: running0 || running1,
+        cpu,
+        seed: None,
+    })
+}
+
+/// A short unmeasured burst of live Events that must all arrive: the relay has read the WAL
+/// past everything committed before it (a seed's large transaction included).
+async fn settle(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, seeded: i64) -> anyhow::Result<()> {
+    let w = window(stack, db, rx, rate, Duration::from_secs(1), seeded).await?;
+    if w.delivered < w.accepted {
+        bail!("retention: {} of {} settling Events did not arrive within 60 s", w.accepted - w.delivered, w.accepted);
+    }
+    Ok(())
+}
+
+/// Expired Events (older than `events_days`) in the database.
+/// (One Project: the bench's; by it, so that the count is a range of
+/// `events_project_created_idx`.)
+async fn expired(db: &Client, events_days: f64) -> anyhow::Result<i64> {
+    Ok(db
+        .query_one(
+            "SELECT count(*) FROM projects p JOIN LATERAL (
+                 SELECT 1 FROM events e WHERE e.project_id = p.id AND e.created_at < now() - $1::float8 * interval '1 day') x ON true",
+            &[&events_days],
+        )
+        .await?
+        .get(0))
+}
+
+/// Autovacuums and autoanalyzes finished on the tables the job deletes from, and whether an
+/// autovacuum worker is running in this database now.
+async fn autovacuum(db: &Client) -> anyhow::Result<(i64, bool)> {
+    let row = db
+        .query_one(
+            "SELECT (SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0)::bigint FROM pg_stat_user_tables
+                     WHERE relname IN ('events', 'deliveries', 'attempts_default')),
+                    EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'autovacuum worker' AND datname = current_database())",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Waits until no autovacuum worker runs in this database (at most [`AUTOVACUUM_CAP`]);
+/// returns the seconds waited.
+async fn await_no_autovacuum(db: &Client) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    while autovacuum(db).await?.1 && t0.elapsed() < AUTOVACUUM_CAP {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// Waits until the job deleted every expired Event; returns the seconds waited.
+async fn await_drained(stack: &mut Stack, db: &Client) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    loop {
+        let left = expired(db, stack.config.retention.events_days).await?;
+        if left == 0 {
+            return Ok(t0.elapsed().as_secs_f64());
+        }
+        if t0.elapsed() > DRAIN_CAP {
+            bail!("retention: {left} expired Events still there after {} s", DRAIN_CAP.as_secs());
+        }
+        stack.check_running()?;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Seeds `events` expired Events with their SUCCESS Delivery to H and one Attempt each, in
+/// one transaction; VACUUM (ANALYZE) after; then waits for the job's first deletion.
+async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> anyhow::Result<Seed> {
+    let metrics = format!("http://{}/metrics", stack.config.worker.ops_listen);
+    let before = JobCounters::read(&metrics).await?.events;
+    let t0 = Instant::now();
+    let tx = db.transaction().await?;
+    for from in (0..events).step_by(SEED_STEP as usize) {
+        let to = (from + SEED_STEP).min(events);
+        tx.execute(
+            "WITH ev AS (
+                INSERT INTO events (id, project_id, event_type, payload, created_at)
+                SELECT railhook_uuid_v7(), $1, $4, jsonb_build_object('n', n, 'note', repeat('x', 960)),
+                       now() - make_interval(days => $7) + n * interval '1 millisecond'
+                FROM generate_series($2::bigint, $3::bigint - 1) n
+                RETURNING id, created_at
+            ), d AS (
+                INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, status, attempt_count,
+                                        max_attempts, retry_delays, timeout_seconds, created_at, updated_at, completed_at,
+                                        ladder_started_at, last_announced_at)
+                SELECT railhook_uuid_v7(), $1, ev.id, $5, $6, 'SUCCESS', 1, 7, '{60,300,900,3600,21600,86400}', 30,
+                       ev.created_at, ev.created_at + interval '40 ms', ev.created_at + interval '40 ms', ev.created_at, ev.created_at
+                FROM ev
+                RETURNING id, created_at
+            )
+            INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code, result,
+                                  request_headers, response_headers, response_body)
+            SELECT railhook_uuid_v7(), $1, d.id, 1, d.created_at + interval '5 ms', 30, 200, 'success',
+                   '{\"content-type\": \"application/json\", \"user-agent\": \"railhook\", \"webhook-id\": \"x\", \"webhook-signature\": \"v1,x\"}'::jsonb,
+                   '{\"content-type\": \"text/plain\", \"content-length\": \"2\"}'::jsonb, 'ok'
+            FROM d",
+            &[&h.project, &from, &to, &HISTORY_TYPE, &h.endpoint, &h.subscription, &HISTORY_DAYS],
+        )
+        .await
+        .context("seeding expired history")?;
+    }
+    tx.commit().await?;
+    let committed = Instant::now();
+    let insert_s = t0.elapsed().as_secs_f64();
+    db.batch_execute("VACUUM (ANALYZE) events, deliveries, attempts_default").await?;
+    let vacuum_s = committed.elapsed().as_secs_f64();
+    loop {
+        if JobCounters::read(&metrics).await?.events > before {
+            break;
+        }
+        if committed.elapsed() > Duration::from_secs(60) {
+            bail!("retention: the job deleted nothing within 60 s of the seed (retention.interval_seconds 1)");
+        }
+        stack.check_running()?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Seed { events, insert_s, vacuum_s, job_started_after_s: committed.elapsed().as_secs_f64(), committed })
+}
+
+/// The next backlog: the job's fastest rate so far times the time from commit to the window's
+/// end, with the margin, in tens of thousands.
+fn seed_size(rate: f64, lead_s: f64) -> i64 {
+    let n = SEED_MARGIN * rate * (lead_s + WINDOW.as_secs_f64());
+    (((n / 10_000.0).ceil() as i64) * 10_000).clamp(MIN_SEED, MAX_SEED)
+}
+
+pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
+    let (rx, rx_addr) = Receiver::start().await?;
+    let (target_ms, pause_ms) = (args.retention_batch_target_ms, args.retention_pause_ms);
+    let tune = move |c: &mut Config| {
+        c.retention.interval_seconds = 1.0;
+        if let Some(t) = target_ms {
+            c.retention.batch_target_ms = t;
+        }
+        if let Some(p) = pause_ms {
+            c.retention.pause_ms = p;
+        }
+    };
+    let mut stack = Stack::start(&args.bin()?, NAME, true, tune).await?;
+    let rc = stack.config.retention.clone();
+    stack.endpoint(&format!("http://{rx_addr}/retention/l"), LIVE_TYPE).await?;
+    let h = stack.endpoint(&format!("http://{rx_addr}/retention/h"), HISTORY_TYPE).await?;
+    let h: railhook_core::EndpointId = h.parse().map_err(|e| anyhow::anyhow!("endpoint id {h}: {e}"))?;
+    let mut db = stack.db.client().await;
+    let row = db.query_one("SELECT project_id, (SELECT id FROM subscriptions WHERE endpoint_id = $1 LIMIT 1) FROM endpoints WHERE id = $1", &[&h.0]).await?;
+    let history = History { project: row.get(0), endpoint: h.0, subscription: row.get(1) };
+    let rate = args.retention_live_rate;
+    let pairs = args.retention_pairs.max(1);
+    let mut seeded = 0i64;
+
+    // Warm-up, then the calibration: a first backlog, its delete rate under the live load.
+    window(&mut stack, &db, &rx, rate, Duration::from_secs(3), seeded).await?;
+    let cal_seed = seed(&mut stack, &mut db, &history, CALIBRATION_EVENTS).await?;
+    seeded += cal_seed.events;
+    let partition: String = db
+        .query_one("SELECT coalesce(min(tableoid::regclass::text), '') FROM attempts WHERE started_at < now() - interval '35 days'", &[])
+        .await?
+        .get(0);
+    settle(&mut stack, &db, &rx, rate, seeded).await?;
+    let cal_lead = cal_seed.committed.elapsed().as_secs_f64();
+    let mut cal = window(&mut stack, &db, &rx, rate, CALIBRATION_WINDOW, seeded).await?;
+    cal.on = true;
+    let mut delete_rate = cal.job.events / cal.busy_s();
+    let mut lead_s = cal_lead;
+    println!(
+        "retention: calibration: {} expired Events (Attempts in {partition}) seeded in {:.1} s; the job deleted {:.0} Events/s ({:.0} rows/s) under the live load",
+        cal_seed.events, cal_seed.insert_s, delete_rate, cal.job.rows() / cal.busy_s()
+    );
+
+    let mut windows: Vec<Window> = Vec::new();
+    for pair in 1..=pairs {
+        // off: nothing expired.
+        let drain_s = await_drained(&mut stack, &db).await?;
+        let av_s = await_no_autovacuum(&db).await?;
+        settle(&mut stack, &db, &rx, rate, seeded).await?;
+        let mut off = window(&mut stack, &db, &rx, rate, WINDOW, seeded).await?;
+        off.pair = pair;
+        // on: a fresh backlog the job is deleting all window long.
+        let av_on_s = await_no_autovacuum(&db).await?;
+        let s = seed(&mut stack, &mut db, &history, seed_size(delete_rate, lead_s)).await?;
+        seeded += s.events;
+        settle(&mut stack, &db, &rx, rate, seeded).await?;
+        lead_s = s.committed.elapsed().as_secs_f64();
+        let mut on = window(&mut stack, &db, &rx, rate, WINDOW, seeded).await?;
+        (on.pair, on.on) = (pair, true);
+        on.seed = Some((s, lead_s));
+        delete_rate = delete_rate.max(on.job.events / on.busy_s());
+        let (po, pn) = (off.p(), on.p());
+        println!(
+            "retention: pair {pair}: off p99 {:.1} ms (drained in {drain_s:.1} s, autovacuum wait {av_s:.1} s), on p99 {:.1} ms, ratio {:.2}; on: {} Events seeded ({:.1} s + vacuum {:.1} s, autovacuum wait {av_on_s:.1} s), the job deleted {:.0} rows ({:.0}/s), {} expired left at the end{}; autovacuums off {} on {}",
+            po.p99, pn.p99, pn.p99 / po.p99.max(0.001), s.events, s.insert_s, s.vacuum_s, on.job.rows(), on.job.rows() / on.busy_s(),
+            on.remaining_at_end, if on.busy() { "" } else { "  <- NOT busy throughout" }, off.autovacuums, on.autovacuums
+        );
+        windows.push(off);
+        windows.push(on);
+        stack.check_running()?;
+    }
+    stack.check_running()?;
+    stack.stop().await;
+
+    let offs: Vec<&Window> = windows.iter().filter(|w| !w.on).collect();
+    let ons: Vec<&Window> = windows.iter().filter(|w| w.on).collect();
+    let ((o, off_json), (n, on_json)) = (pooled(&offs), pooled(&ons));
+    let p99_ratio = n.p99 / o.p99.max(0.001);
+    let p50_ratio = n.p50 / o.p50.max(0.001);
+    let busy = ons.iter().filter(|w| w.busy()).count();
+    let all_delivered = windows.iter().all(|w| w.delivered == w.accepted && w.refused == 0);
+    let on_s: f64 = ons.iter().map(|w| w.seconds).sum();
+    let deleted = ons.iter().fold(JobCounters::default(), |a, w| JobCounters {
+        events: a.events + w.job.events,
+        deliveries: a.deliveries + w.job.deliveries,
+        attempts: a.attempts + w.job.attempts,
+        batches: a.batches + w.job.batches,
+        batch_seconds: a.batch_seconds + w.job.batch_seconds,
+        batches_within_100ms: a.batches_within_100ms + w.job.batches_within_100ms,
+        runs_failed: a.runs_failed + w.job.runs_failed,
+    });
+    let off_deleted: f64 = offs.iter().map(|w| w.job.rows()).sum();
+    let met = p99_ratio < P99_RATIO_TARGET && busy == ons.len() && all_delivered;
+    let per_pair: Vec<serde_json::Value> = offs
+        .iter()
+        .zip(&ons)
+        .map(|(f, n)| serde_json::json!({"pair": f.pair, "off_p99_ms": f.p().p99, "on_p99_ms": n.p().p99, "ratio": n.p().p99 / f.p().p99.max(0.001)}))
+        .collect();
+
+    println!();
+    println!(
+        "retention: live e2e to Endpoint L at {rate:.0} events/s, {pairs} pairs of {} s windows, off (nothing expired) and on (the job deleting a backlog); retention.batch_target_ms {}, pause_ms {}, interval_seconds {}",
+        WINDOW.as_secs(), rc.batch_target_ms, rc.pause_ms, rc.interval_seconds
+    );
+    println!("{:<6} {:>10} {:>10} {:>7}", "pair", "off p99", "on p99", "ratio");
+    for v in &per_pair {
+        println!(
+            "{:<6} {:>10.2} {:>10.2} {:>7.2}",
+            v["pair"], v["off_p99_ms"].as_f64().unwrap_or(f64::NAN), v["on_p99_ms"].as_f64().unwrap_or(f64::NAN), v["ratio"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    println!("{:<10} {:>8} {:>8} {:>8} {:>8} {:>8}", "", "samples", "p50", "p95", "p99", "max");
+    println!("{:<10} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.1}", "off", o.count, o.p50, o.p95, o.p99, o.max);
+    println!("{:<10} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.1}", "on", n.count, n.p50, n.p95, n.p99, n.max);
+    println!(
+        "p99 on/off = {p99_ratio:.2} (target < {P99_RATIO_TARGET}: {}), p50 {p50_ratio:.2}; on windows busy throughout: {busy} of {}; live Events all delivered: {all_delivered}; the job deleted {:.0} rows/s in the on windows ({:.0} Events/s, {} batches, mean {:.1} ms, {} over 100 ms); rows deleted in off windows: {off_deleted:.0}",
+        if met { "met" } else { "MISSED" },
+        ons.len(),
+        deleted.rows() / on_s.max(0.001),
+        deleted.events / on_s.max(0.001),
+        deleted.batches,
+        if deleted.batches > 0.0 { deleted.batch_seconds / deleted.batches * 1000.0 } else { 0.0 },
+        deleted.batches - deleted.batches_within_100ms
+    );
+    println!();
+    Ok(serde_json::json!({
+        "name": NAME,
+        "live_rate_per_s": rate,
+        "window_s": WINDOW.as_secs(),
+        "pairs": pairs,
+        "retention_config": {
+            "interval_seconds": rc.interval_seconds, "events_days": rc.events_days, "batch_rows": rc.batch_rows,
+            "batch_target_ms": rc.batch_target_ms, "pause_ms": rc.pause_ms,
+        },
+        "figures": {
+            "on": on_json,
+            "on_windows_busy_throughout": busy,
+            "deleted_in_on_windows": deleted.json(),
+            "rows_deleted_per_s": deleted.rows() / on_s.max(0.001),
+            "events_deleted_per_s": deleted.events / on_s.max(0.001),
+            "rows_deleted_in_off_windows": off_deleted,
+            "history_days": HISTORY_DAYS,
+            "attempts_partition": partition,
+            "calibration": {"seed": cal_seed.json(cal_lead), "window": cal.json()},
+            "windows": windows.iter().map(Window::json).collect::<Vec<_>>(),
+        },
+        "baseline": {"off": off_json},
+        "ratio": {"p99_on_over_off": p99_ratio, "p50_on_over_off": p50_ratio, "per_pair": per_pair},
+        "targets": {"p99_on_over_off_under": P99_RATIO_TARGET, "all_on_windows_busy": busy == ons.len(), "all_delivered": all_delivered, "met": met},
+    }))
+}
