@@ -1,7 +1,7 @@
 //! The `retention` phase (issue 17: "a retention job running during the e2e benchmark changes
 //! its p99 by less than 10 %"), on a clean stack of its own with `retention.interval_seconds`
 //! 1 (so a run starts within a second of expired rows appearing) and every other setting at
-//! its default (`events_days` 30, `batch_target_ms` 25, `pause_ms` 10):
+//! its default (`events_days` 30, `batch_target_ms`, `pause_ms`, `max_busy_percent`):
 //!
 //! - Endpoint L (`bench.retention.live`) gets live Events at a fixed rate
 //!   (`--retention-live-rate`, default 200/s, e2e's light rate; 32 connections), latency from
@@ -492,8 +492,8 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
 
     println!();
     println!(
-        "retention: live e2e to Endpoint L at {rate:.0} events/s, {pairs} pairs of {} s windows, off (nothing expired) and on (the job deleting a backlog); retention.batch_target_ms {}, pause_ms {}, interval_seconds {}",
-        WINDOW.as_secs(), rc.batch_target_ms, rc.pause_ms, rc.interval_seconds
+        "retention: live e2e to Endpoint L at {rate:.0} events/s, {pairs} pairs of {} s windows, off (nothing expired) and on (the job deleting a backlog); retention.batch_target_ms {}, pause_ms {}, max_busy_percent {}, interval_seconds {}",
+        WINDOW.as_secs(), rc.batch_target_ms, rc.pause_ms, rc.max_busy_percent, rc.interval_seconds
     );
     println!("{:<6} {:>10} {:>10} {:>7}", "pair", "off p99", "on p99", "ratio");
     for v in &per_pair {
@@ -523,7 +523,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         "pairs": pairs,
         "retention_config": {
             "interval_seconds": rc.interval_seconds, "events_days": rc.events_days, "batch_rows": rc.batch_rows,
-            "batch_target_ms": rc.batch_target_ms, "pause_ms": rc.pause_ms,
+            "batch_target_ms": rc.batch_target_ms, "pause_ms": rc.pause_ms, "max_busy_percent": rc.max_busy_percent,
         },
         "figures": {
             "on": on_json,
