@@ -52,6 +52,8 @@ pub struct Args {
     pub replay_batch_size: Option<i64>,
     pub replay_pause_ms: Option<u64>,
     pub replay_max_per_second: Option<f64>,
+    /// replay: no paired windows with the Replay held (only before and after it).
+    pub replay_no_alternate: bool,
     /// retention: the live rate, the number of off/on window pairs, and the job's settings
     /// (None: the config default).
     pub retention_live_rate: f64,
@@ -83,6 +85,7 @@ fn parse_args() -> anyhow::Result<Args> {
         replay_batch_size: None,
         replay_pause_ms: None,
         replay_max_per_second: None,
+        replay_no_alternate: false,
         retention_live_rate: 200.0,
         retention_pairs: 4,
         retention_batch_target_ms: None,
@@ -103,6 +106,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-live-rate" => args.replay_live_rate = it.next().context("--replay-live-rate needs a value")?.parse().context("--replay-live-rate: events per second")?,
             "--replay-batch-size" => args.replay_batch_size = Some(it.next().context("--replay-batch-size needs a value")?.parse().context("--replay-batch-size: Events per batch")?),
             "--replay-max-per-second" => args.replay_max_per_second = Some(it.next().context("--replay-max-per-second needs a value")?.parse().context("--replay-max-per-second: Deliveries per second")?),
+            "--replay-no-alternate" => args.replay_no_alternate = true,
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
@@ -119,7 +123,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --connections: ingest's and ingress's HTTP connections (default 32)");
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
-                println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput");
+                println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput;");
+                println!("    after each 10 s window with the Replay, one with it held (its pace row), pooled with the windows before and after it");
+                println!("  --replay-no-alternate: no held windows, only the baseline before and after the Replay");
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
                 println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in --retention-pairs (4) pairs of 15 s windows: off (nothing");
                 println!("    expired) and on (the retention job deleting a backlog of 40-day-old Events seeded just before); pooled p99 on/off (target < 1.1x)");
