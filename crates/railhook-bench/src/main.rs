@@ -124,7 +124,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
                 println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput;");
-                println!("    after each 10 s window with the Replay, one with it held (its pace row), pooled with the windows before and after it");
+                println!("    after each 10 s window with the Replay, a 5 s one with it held (its pace row), pooled with the windows before and after it");
                 println!("  --replay-no-alternate: no held windows, only the baseline before and after the Replay");
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
                 println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in --retention-pairs (4) pairs of 15 s windows: off (nothing");

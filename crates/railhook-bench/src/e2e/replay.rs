@@ -37,6 +37,9 @@ const HISTORY: i64 = 100_000;
 const REPLAY_CAP: Duration = Duration::from_secs(3_000);
 /// One live window of the "with replay" part.
 const WINDOW: Duration = Duration::from_secs(10);
+/// One live window with the Replay held, after each window with it (half as long, so a
+/// whole run stays under half an hour at the default cap).
+const HELD_WINDOW: Duration = Duration::from_secs(5);
 const HISTORY_TYPE: &str = "bench.history";
 const LIVE_TYPE: &str = "bench.live";
 /// The target: p99 with the Replay at most 1.2 times the p99 without.
@@ -266,7 +269,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         // drained, then a live window as long as the one with it.
         hold_replays(&stack, true).await?;
         await_replay_drained(&stack, replay_uuid).await?;
-        window(&mut stack, &rx, rate, WINDOW, &mut paused).await?;
+        window(&mut stack, &rx, rate, HELD_WINDOW, &mut paused).await?;
         hold_replays(&stack, false).await?;
         await_replay_moving(&stack, replay_uuid, made).await?;
         pairs += 1;
