@@ -66,6 +66,7 @@ fn v1(state: AppState) -> Router {
     Router::new()
         .route("/v1/admin/organizations", post(admin::create_organization))
         .route("/v1/admin/organizations/{org_id}/projects", post(admin::create_project))
+        .route("/v1/admin/projects/{project_id}", get(admin::get_project).patch(admin::update_project))
         .route("/v1/api-keys", post(api_keys::create).get(api_keys::list))
         .route("/v1/api-keys/{id}", delete(api_keys::revoke))
         .route("/v1/events", post(events::create).get(events::list))

@@ -31,6 +31,8 @@ impl Modify for Security {
     paths(
         crate::admin::create_organization,
         crate::admin::create_project,
+        crate::admin::get_project,
+        crate::admin::update_project,
         crate::api_keys::create,
         crate::api_keys::list,
         crate::api_keys::revoke,
@@ -83,6 +85,7 @@ impl Modify for Security {
         ErrorBody,
         ErrorDetail,
         schema::OrganizationId,
+        crate::admin::ProjectIdSchema,
         schema::ApiKeyId,
         schema::EventId,
         schema::EndpointId,

@@ -10,6 +10,8 @@ use common::Api;
 const ROUTES: &[(&str, &str, &str)] = &[
     ("post", "/v1/admin/organizations", "201 400 401 403 413 415 422 503"),
     ("post", "/v1/admin/organizations/{org_id}/projects", "201 400 401 404 413 415 422 503"),
+    ("get", "/v1/admin/projects/{project_id}", "200 400 401 403 404 503"),
+    ("patch", "/v1/admin/projects/{project_id}", "200 400 401 403 404 413 415 422 503"),
     ("post", "/v1/api-keys", "201 400 401 413 415 422 503"),
     ("get", "/v1/api-keys", "200 401 503"),
     ("delete", "/v1/api-keys/{id}", "204 400 401 404 503"),

@@ -89,6 +89,27 @@ pub async fn projects<C: GenericClient + Sync>(db: &C, defaults: Periods) -> Res
         .collect())
 }
 
+/// A Project's own periods (`projects.retention_events_days`, `projects.retention_failed_days`,
+/// migration 0018): `None` is the configured default.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Overrides {
+    pub events_days: Option<f64>,
+    pub failed_days: Option<f64>,
+}
+
+/// A Project's overrides; `None` when there is no such Project. With `for_update` the row stays
+/// locked until the caller's transaction ends, so that a read-modify-write (a partial update
+/// through [`set_overrides`]) loses no concurrent one.
+pub async fn overrides<C: GenericClient + Sync>(db: &C, project: ProjectId, for_update: bool) -> Result<Option<Overrides>, StoreError> {
+    let sql = if for_update {
+        "SELECT retention_events_days, retention_failed_days FROM projects WHERE id = $1 FOR UPDATE"
+    } else {
+        "SELECT retention_events_days, retention_failed_days FROM projects WHERE id = $1"
+    };
+    let row = db.query_opt(sql, &[&project]).await?;
+    Ok(row.map(|r| Overrides { events_days: r.get(0), failed_days: r.get(1) }))
+}
+
 /// Sets (or with `None` clears) a Project's overrides; false when there is no such Project.
 pub async fn set_overrides<C: GenericClient + Sync>(db: &C, project: ProjectId, events_days: Option<f64>, failed_days: Option<f64>) -> Result<bool, StoreError> {
     let n = db

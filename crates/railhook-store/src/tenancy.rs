@@ -95,6 +95,12 @@ pub async fn create_project(db: &impl GenericClient, org: OrganizationId, name: 
     Ok(row.map(|r| Project { id, organization_id: org, name: name.to_string(), created_at: r.get(0) }))
 }
 
+/// `None` when there is no such project.
+pub async fn get_project(db: &impl GenericClient, id: ProjectId) -> Result<Option<Project>, StoreError> {
+    let row = db.query_opt("SELECT organization_id, name, created_at FROM projects WHERE id = $1", &[&id.0]).await?;
+    Ok(row.map(|r| Project { id, organization_id: OrganizationId(r.get(0)), name: r.get(1), created_at: r.get(2) }))
+}
+
 /// `None` when the project does not exist.
 pub async fn create_api_key(db: &impl GenericClient, project: ProjectId, name: &str) -> Result<Option<NewApiKey>, StoreError> {
     let id = ApiKeyId::new();
