@@ -258,7 +258,7 @@ impl Default for ReplayConfig {
 /// The worker's retention job (issue 17; docs/CONFIGURATION.md "Retention"). Periods are
 /// days, fractional allowed, so a soak can keep minutes (0.0035 days is about 5 minutes).
 /// Per-Project overrides of `events_days` and `failed_days` are columns of `projects`
-/// (migration 0018). Published outbox rows are trimmed by the relay
+/// (migration 0018), set with `PATCH /v1/admin/projects/{id}`. Published outbox rows are trimmed by the relay
 /// (`relay.outbox_retention_seconds`), not here.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
