@@ -138,6 +138,8 @@ test("session cookie, CSP and CSRF", async ({ page, context }) => {
 
 test("keyboard: skip link first, then the navigation; sign out", async ({ page }) => {
   await signIn(page, seeded().key);
+  // The sign-in's navigation first: a Tab pressed before it lands on the sign-in page.
+  await expect(page.getByRole("heading", { name: "Overview" })).toBeVisible();
   await page.keyboard.press("Tab");
   await expect(page.getByRole("link", { name: "Skip to content" })).toBeFocused();
   await page.keyboard.press("Tab");

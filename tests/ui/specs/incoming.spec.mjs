@@ -83,10 +83,20 @@ test("a failed Forward is retried from the list", async ({ page }) => {
   await expect(rows).toHaveCount(1);
   await expectAccessible(page);
   await screenshot(page, "failed-forwards");
+  const forwardId = (await rows.first().locator("td code").first().textContent()).trim();
+  const attemptsBefore = Number((await rows.first().locator("td").nth(4).textContent()).trim());
   await rows.first().getByRole("checkbox").check();
   await page.getByRole("button", { name: "Retry selected" }).click();
   await expect(page.getByRole("status")).toContainText("1 put back on the Retry Ladder");
-  await rows.first().waitFor({ state: "detached" }).catch(() => {});
+  // The retry made a new Attempt. The Destination still answers 404, so the Forward may be
+  // back on this list (FAILED again) by the time the page renders, or still on its way.
+  await expect
+    .poll(async () => {
+      await page.goto("/ui/failed-forwards");
+      const row = page.locator("tbody tr", { hasText: forwardId });
+      return (await row.count()) === 0 ? null : Number((await row.locator("td").nth(4).textContent()).trim());
+    }, { timeout: 30_000 })
+    .toBe(attemptsBefore + 1);
 });
 
 test("the relay page: the slot, and its position moving after Events", async ({ page, request }) => {
