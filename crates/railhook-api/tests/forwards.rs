@@ -74,8 +74,10 @@ async fn a_failed_forward_is_listed_and_retried_once_and_in_bulk() {
     let s = setup(&api).await;
     let key = &s.project.key;
     let ine = receive(&api, &s, 1).await;
-    let forwards = forwards_of(&api, key, &ine).await;
+    let mut forwards = forwards_of(&api, key, &ine).await;
     assert_eq!(forwards.len(), 2, "one per enabled Destination");
+    // In the Destinations' order, whatever order their Forwards were made in.
+    forwards.sort_by_key(|f| s.destinations.iter().position(|d| f["destination_id"] == d.as_str()));
     let id = forwards[0]["id"].as_str().unwrap().to_string();
 
     let (status, body) = api.post(key, &format!("/v1/forwards/{id}/retry"), json!({})).await;
