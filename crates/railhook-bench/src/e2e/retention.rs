@@ -10,6 +10,8 @@
 //!   with its SUCCESS Delivery to H and one Attempt (`attempts_default` on a fresh database: no
 //!   daily partition is that old), 1 KiB payloads, inserted in bulk with SQL in one
 //!   transaction, then `VACUUM (ANALYZE)` so they look like rows a month old, not fresh inserts.
+//!   Before all: [`RETAINED_EVENTS`] an hour old (kept by the job), so that the tables are not
+//!   small in the off windows.
 //! - Alternating windows of [`WINDOW`], `--retention-pairs` pairs (default 4). "off": no
 //!   expired row exists (awaited in the database after the previous backlog: the job deleted
 //!   every one) and the job's runs find nothing. "on": right before it a backlog is seeded and
@@ -58,7 +60,13 @@ const SEED_MARGIN: f64 = 2.0;
 /// Events per INSERT statement of a seed (all of a seed's statements in one transaction).
 const SEED_STEP: i64 = 20_000;
 /// How old the seeded history is (the default `retention.events_days` is 30).
-const HISTORY_DAYS: i32 = 40;
+const HISTORY_DAYS: f64 = 40.0;
+/// History the job keeps (an hour old), inserted once at the start: the tables are as large as
+/// a month of traffic leaves them in off windows too, not only the live traffic of the run
+/// (with small tables, the live traffic's own changes set off autovacuum and autoanalyze in
+/// nearly every off window, and in no on window, whose seed made the tables large).
+const RETAINED_EVENTS: i64 = 300_000;
+const RETAINED_DAYS: f64 = 0.05;
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 const DRAIN_CAP: Duration = Duration::from_secs(900);
 const AUTOVACUUM_CAP: Duration = Duration::from_secs(120);
@@ -337,11 +345,10 @@ async fn await_drained(stack: &mut Stack, db: &Client) -> anyhow::Result<f64> {
     }
 }
 
-/// Seeds `events` expired Events with their SUCCESS Delivery to H and one Attempt each, in
-/// one transaction; VACUUM (ANALYZE) after; then waits for the job's first deletion.
-async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> anyhow::Result<Seed> {
-    let metrics = format!("http://{}/metrics", stack.config.worker.ops_listen);
-    let before = JobCounters::read(&metrics).await?.events;
+/// Inserts `events` Events created `days_ago` (spread over `events` milliseconds from then),
+/// each with its SUCCESS Delivery to H and one Attempt, in one transaction; returns the seconds
+/// it took.
+async fn insert_history(db: &mut Client, h: &History, events: i64, days_ago: f64) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     let tx = db.transaction().await?;
     for from in (0..events).step_by(SEED_STEP as usize) {
@@ -350,7 +357,7 @@ async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> a
             "WITH ev AS (
                 INSERT INTO events (id, project_id, event_type, payload, created_at)
                 SELECT railhook_uuid_v7(), $1, $4, jsonb_build_object('n', n, 'note', repeat('x', 960)),
-                       now() - make_interval(days => $7) + n * interval '1 millisecond'
+                       now() - $7::float8 * interval '1 day' + n * interval '1 millisecond'
                 FROM generate_series($2::bigint, $3::bigint - 1) n
                 RETURNING id, created_at
             ), d AS (
@@ -368,14 +375,22 @@ async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> a
                    '{\"content-type\": \"application/json\", \"user-agent\": \"railhook\", \"webhook-id\": \"x\", \"webhook-signature\": \"v1,x\"}'::jsonb,
                    '{\"content-type\": \"text/plain\", \"content-length\": \"2\"}'::jsonb, 'ok'
             FROM d",
-            &[&h.project, &from, &to, &HISTORY_TYPE, &h.endpoint, &h.subscription, &HISTORY_DAYS],
+            &[&h.project, &from, &to, &HISTORY_TYPE, &h.endpoint, &h.subscription, &days_ago],
         )
         .await
-        .context("seeding expired history")?;
+        .context("seeding history")?;
     }
     tx.commit().await?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+/// Seeds `events` expired Events ([`insert_history`], [`HISTORY_DAYS`] old); VACUUM (ANALYZE)
+/// after; then waits for the job's first deletion.
+async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> anyhow::Result<Seed> {
+    let metrics = format!("http://{}/metrics", stack.config.worker.ops_listen);
+    let before = JobCounters::read(&metrics).await?.events;
+    let insert_s = insert_history(db, h, events, HISTORY_DAYS).await?;
     let committed = Instant::now();
-    let insert_s = t0.elapsed().as_secs_f64();
     db.batch_execute("VACUUM (ANALYZE) events, deliveries, attempts_default").await?;
     let vacuum_s = committed.elapsed().as_secs_f64();
     loop {
@@ -421,6 +436,9 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let rate = args.retention_live_rate;
     let pairs = args.retention_pairs.max(1);
     let mut seeded = 0i64;
+    let retained_s = insert_history(&mut db, &history, RETAINED_EVENTS, RETAINED_DAYS).await?;
+    db.batch_execute("VACUUM (ANALYZE) events, deliveries, attempts").await?;
+    println!("retention: {RETAINED_EVENTS} Events of history the job keeps ({RETAINED_DAYS} days old) inserted in {retained_s:.1} s");
 
     // Warm-up, then the calibration: a first backlog, its delete rate under the live load.
     window(&mut stack, &db, &rx, rate, Duration::from_secs(3), seeded).await?;
@@ -555,6 +573,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
             "events_deleted_per_s": deleted.events / on_s.max(0.001),
             "rows_deleted_in_off_windows": off_deleted,
             "history_days": HISTORY_DAYS,
+            "retained_events": RETAINED_EVENTS,
             "attempts_partition": partition,
             "calibration": {"seed": cal_seed.json(cal_lead), "window": cal.json()},
             "windows": windows.iter().map(Window::json).collect::<Vec<_>>(),
