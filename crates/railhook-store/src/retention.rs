@@ -16,16 +16,16 @@
 //!   `crate::attempts`; the ones of a deleted Delivery or Forward go with it here, looked up
 //!   only in the partitions of the days between the batch's first Delivery's creation and its
 //!   last one's update, an hour either side for the worker's clock (`started_at`); Postgres
-//!   prunes the other partitions when the statement starts. (The foreign key's own cascade,
-//!   which cannot prune, still probes every partition per deleted Delivery: see
-//!   docs/RELIABILITY.md "Retention".)
+//!   prunes the other partitions when the statement starts. `attempts` has no foreign key to
+//!   `deliveries` or `forwards` (migration 0020: their cascade, which cannot prune, probed
+//!   every partition per deleted Delivery), so this delete is the only one.
 //! - Published outbox rows are trimmed by the relay (`railhook_relay::retention`).
 //!
 //! One statement deletes the children explicitly (to count them) and then the parent; the
-//! foreign keys' cascades find nothing left. Each delete names its rows as `= ANY(ARRAY(..))`
-//! so that it is an index scan whatever the planner guesses of a CTE's size (as `IN (SELECT
-//! ..)` it hash-joined a sequential scan of `events`). Every foreign key a delete here triggers has an
-//! index (`deliveries_event_idx`, `attempts_delivery_idx`, `attempts_forward_idx`,
+//! cascade of `deliveries.event_id` (`forwards.incoming_event_id`) finds nothing left. Each
+//! delete names its rows as `= ANY(ARRAY(..))` so that it is an index scan whatever the planner
+//! guesses of a CTE's size (as `IN (SELECT ..)` it hash-joined a sequential scan of `events`).
+//! Every foreign key a delete here triggers has an index (`deliveries_event_idx`,
 //! `forwards_incoming_event_idx`, and `deliveries_replay_of_idx` of migration 0018), so no
 //! cascade scans a table per row.
 //!

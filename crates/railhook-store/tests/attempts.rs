@@ -247,3 +247,31 @@ async fn the_previous_finalise_signature_still_records_the_attempt() {
     let status: String = client.query_one("SELECT status::text FROM deliveries WHERE id = $1", &[&c.id.0]).await.unwrap().get(0);
     assert_eq!(status, "SUCCESS");
 }
+
+/// Migration 0020: `attempts` has no foreign key to `deliveries` or `forwards`, so making a
+/// day's partition (whose ATTACH had to add the keys, locking both tables in SHARE ROW
+/// EXCLUSIVE mode) no longer waits for the live traffic's writes there, nor holds them up
+/// behind it. Before 0020 this call waited for the open transaction below and failed on its
+/// 5 s `lock_timeout`.
+#[tokio::test]
+async fn making_a_partition_does_not_wait_for_writes_to_deliveries_or_forwards() {
+    let db = TestDb::new().await;
+    let mut live = db.client().await;
+    let tx = live.transaction().await.unwrap();
+    // What every claim, finalise and ingest takes on the tables it writes.
+    tx.batch_execute("LOCK TABLE deliveries IN ROW EXCLUSIVE MODE; LOCK TABLE forwards IN ROW EXCLUSIVE MODE").await.unwrap();
+
+    let client = db.client().await;
+    let far = Utc::now() + Duration::days(40);
+    let made = attempts::ensure_partitions(&client, far, 0).await.expect("a partition made while deliveries and forwards are being written");
+    assert_eq!(made, vec![partition_name(far.date_naive())]);
+    let dropped = attempts::drop_partitions_before(&client, far + Duration::days(1)).await.unwrap();
+    assert!(dropped.contains(&partition_name(far.date_naive())), "{dropped:?}");
+    let keys: i64 = client
+        .query_one("SELECT count(*) FROM pg_constraint WHERE conrelid = 'attempts'::regclass AND contype = 'f'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(keys, 1, "only the key to projects is left");
+    tx.rollback().await.unwrap();
+}
