@@ -60,6 +60,8 @@ pub struct Args {
     pub retention_pairs: usize,
     pub retention_batch_target_ms: Option<u64>,
     pub retention_pause_ms: Option<u64>,
+    pub retention_max_busy_percent: Option<u64>,
+    pub retention_max_rows_per_second: Option<u64>,
 }
 
 impl Args {
@@ -90,6 +92,8 @@ fn parse_args() -> anyhow::Result<Args> {
         retention_pairs: 4,
         retention_batch_target_ms: None,
         retention_pause_ms: None,
+        retention_max_busy_percent: None,
+        retention_max_rows_per_second: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -112,6 +116,8 @@ fn parse_args() -> anyhow::Result<Args> {
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
             "--retention-batch-target-ms" => args.retention_batch_target_ms = Some(it.next().context("--retention-batch-target-ms needs a value")?.parse().context("--retention-batch-target-ms: milliseconds")?),
             "--retention-pause-ms" => args.retention_pause_ms = Some(it.next().context("--retention-pause-ms needs a value")?.parse().context("--retention-pause-ms: milliseconds")?),
+            "--retention-max-busy-percent" => args.retention_max_busy_percent = Some(it.next().context("--retention-max-busy-percent needs a value")?.parse().context("--retention-max-busy-percent: 1 to 100")?),
+            "--retention-max-rows-per-second" => args.retention_max_rows_per_second = Some(it.next().context("--retention-max-rows-per-second needs a value")?.parse().context("--retention-max-rows-per-second: rows per second, 0 for no cap")?),
             "-h" | "--help" => {
                 println!("usage: railhook-bench [--rate N] [--duration SECONDS] [--rows N] [--connections N] [--step SECONDS] [--start-rate N] [--max-rate N] [--bin PATH] [--out PATH] [{}|{}]...", BENCHMARKS.join("|"), e2e::CLEAN_PHASES.join("|"));
                 println!("  no name: every benchmark; e2e (or memory) includes the phases {}", e2e::CLEAN_PHASES.join(" and "));
@@ -129,7 +135,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
                 println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in --retention-pairs (4) pairs of 15 s windows: off (nothing");
                 println!("    expired) and on (the retention job deleting a backlog of 40-day-old Events seeded just before); pooled p99 on/off (target < 1.1x)");
-                println!("  --retention-batch-target-ms, --retention-pause-ms: the job's retention.batch_target_ms and retention.pause_ms (default: the configuration's)");
+                println!("  --retention-batch-target-ms, --retention-pause-ms, --retention-max-busy-percent, --retention-max-rows-per-second:");
+                println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }

@@ -285,6 +285,13 @@ pub struct RetentionConfig {
     /// `t` it rests at least `t * (100 / max_busy_percent - 1)`, so live traffic keeps the
     /// rest of the database (10: a 10 ms batch, then 90 ms of rest).
     pub max_busy_percent: u64,
+    /// The most rows (Events, Deliveries, Attempts, Incoming Events, Forwards together) the
+    /// job deletes per second on average (0: no cap): after a batch that deleted `n` rows it
+    /// rests until `n / max_rows_per_second` has passed since the batch began. Every deleted
+    /// row is WAL the relay's walsender decodes before the live outbox rows committed after
+    /// it; this bounds that work (3000: about 1,000 Events a second with one Delivery and one
+    /// Attempt each, 86 million a day).
+    pub max_rows_per_second: u64,
 }
 
 impl Default for RetentionConfig {
@@ -299,6 +306,7 @@ impl Default for RetentionConfig {
             batch_target_ms: 10,
             pause_ms: 10,
             max_busy_percent: 10,
+            max_rows_per_second: 3_000,
         }
     }
 }
@@ -623,6 +631,9 @@ impl Config {
         }
         if !(1..=100).contains(&r.max_busy_percent) {
             problems.push("retention.max_busy_percent must be from 1 to 100 (10 is the default)".into());
+        }
+        if r.max_rows_per_second > 10_000_000 {
+            problems.push("retention.max_rows_per_second must be at most 10000000 (3000 is the default; 0: no cap)".into());
         }
         if !(1..=1_000).contains(&r.batch_target_ms) {
             problems.push("retention.batch_target_ms must be from 1 to 1000 (10 is the default; batches are meant to stay under 100 ms)".into());

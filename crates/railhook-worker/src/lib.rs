@@ -115,10 +115,11 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
     let w = &config.worker;
     let pool = railhook_store::build_pool_as(&config.database, railhook_store::application::WORKER).map_err(|e| WorkerError::misconfigured("database", e))?;
     let sender = http::Sender::from_config(&config.network)?;
-    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight);
+    let finishing = runner::Finishing::default();
+    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone());
     let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
     let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), w.max_in_flight);
-    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser })
+    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing })
 }
 
 fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
@@ -162,9 +163,12 @@ impl Offsets<'_> {
 enum TaskEvent {
     /// The claim step of this message is over: its offset may be stored.
     Claimed { partition: i32, offset: i64 },
+    /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
+    Sent { endpoint: EndpointId },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
-    Finished { endpoint: EndpointId, place: Option<(i32, i64)>, busy: Option<(queues::Queued, queues::BusyOn)>, released: Option<railhook_core::DeliveryId> },
+    /// `slot_freed`: `Sent` was told, so the Endpoint's slot is free already.
+    Finished { endpoint: EndpointId, place: Option<(i32, i64)>, busy: Option<(queues::Queued, queues::BusyOn)>, released: Option<railhook_core::DeliveryId>, slot_freed: bool },
 }
 
 /// The consume loop's state: the Kafka consumer's offsets, the per-Endpoint queues and the
@@ -200,12 +204,18 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
-            TaskEvent::Finished { endpoint, place, busy, released } => {
+            TaskEvent::Sent { endpoint } => {
+                let now = tokio::time::Instant::now();
+                for endpoint in self.queues.finished(endpoint, None, now) {
+                    self.pump(endpoint, now);
+                }
+            }
+            TaskEvent::Finished { endpoint, place, busy, released, slot_freed } => {
                 if let (None, Some((partition, offset))) = (&busy, place) {
                     self.offsets.done(partition, offset);
                 }
                 let now = tokio::time::Instant::now();
-                let pump = self.queues.finished(endpoint, busy, now);
+                let pump = if slot_freed { vec![endpoint] } else { self.queues.finished(endpoint, busy, now) };
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
@@ -254,9 +264,10 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
     let consumer = subscribe(config, topic)?;
     tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
     let max = config.worker.max_in_flight;
-    // Each task sends at most two events and waits (holding its permit) while the channel is
-    // full; the loop never waits on a task, so this bound cannot deadlock.
-    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel::<TaskEvent>(2 * max);
+    // Each task sends at most three events (two without waiting) and waits (holding its
+    // permit) only to send the last while the channel is full; the loop never waits on a
+    // task, so this bound cannot deadlock.
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel::<TaskEvent>(3 * max);
     let limits = queues::QueueLimits::from_config(&config.worker);
     runner.metrics.queue_waiting_max.set(limits.waiting_total as i64);
     let mut c = Consuming {
@@ -315,7 +326,16 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
             let _ = claimed_events.try_send(TaskEvent::Claimed { partition, offset });
         }
     };
-    let (busy, released) = match runner.run(queued.hint, mode, notify, hard_stop).await {
+    // Told without waiting, like `Claimed`: if the channel is full, the slot frees with
+    // `Finished` instead.
+    let slot_freed = std::sync::atomic::AtomicBool::new(false);
+    let sent_events = events.clone();
+    let sent = || {
+        if sent_events.try_send(TaskEvent::Sent { endpoint }).is_ok() {
+            slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    let (busy, released) = match runner.run(queued.hint, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
@@ -332,7 +352,8 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     // The permit goes back before the loop hears of the end, so that the Endpoint's next hint
     // can start at once.
     drop(permit);
-    let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released }).await;
+    let slot_freed = slot_freed.load(std::sync::atomic::Ordering::Relaxed);
+    let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released, slot_freed }).await;
 }
 
 /// No more messages; Attempts in flight get the grace period, then are cut short (their
@@ -346,7 +367,7 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
         TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: Some((partition, offset)), busy: None, .. } => offsets.done(partition, offset),
         // A hint given back while stopping stays unclaimed: its offset is not stored. A
         // released successor not claimed now is due: the scheduler announces it.
-        TaskEvent::Finished { .. } => {}
+        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } => {}
     };
     while !tasks.is_empty() {
         tokio::select! {

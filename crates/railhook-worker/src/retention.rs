@@ -11,8 +11,10 @@
 //!   The batch size adapts to the measured duration of the previous batch so that each one
 //!   takes about `retention.batch_target_ms` (10 ms by default, so the slowest stay well under 100 ms),
 //!   between [`MIN_BATCH`] and `retention.batch_rows`. After each batch the job rests
-//!   ([`rest_after`]) at least `retention.pause_ms` and long enough to be busy at most
-//!   `retention.max_busy_percent` (10 %) of the time, so live traffic goes first.
+//!   ([`rest_after`]) at least `retention.pause_ms`, long enough to be busy at most
+//!   `retention.max_busy_percent` (10 %) of the time, and long enough to delete at most
+//!   `retention.max_rows_per_second` (3,000) on average, so live traffic goes first: each
+//!   deleted row is WAL the relay's walsender decodes before the live commits after it.
 //! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
 //!   (dropped whole, `railhook_store::attempts`), then per Project its Events and its
 //!   Incoming Events, then finished Replays with nothing left.
@@ -193,7 +195,7 @@ pub async fn run_once(pool: &railhook_store::Pool, config: &RetentionConfig, met
         metrics.runs.with_label_values(&["skipped"]).inc();
         return Ok(Outcome::Skipped);
     }
-    let mut job = Job { db: &client, config, metrics, sizer, shutdown, report: Report::default(), last_batch: Duration::ZERO };
+    let mut job = Job { db: &client, config, metrics, sizer, shutdown, report: Report::default(), last_batch: Duration::ZERO, last_rows: 0 };
     let result = job.run().await;
     let report = job.report;
     match store::unlock(&client).await {
@@ -223,6 +225,8 @@ struct Job<'a> {
     report: Report,
     /// How long the last batch took (the rest after it follows from it).
     last_batch: Duration,
+    /// Rows the last batch deleted (all tables).
+    last_rows: u64,
 }
 
 impl Job<'_> {
@@ -303,22 +307,29 @@ impl Job<'_> {
         self.report.max_batch = self.report.max_batch.max(took);
         self.sizer.observe(d.examined, took);
         self.last_batch = took;
+        self.last_rows = d.parents + d.children + d.attempts;
     }
 
     /// The pause after a batch ([`rest_after`]); false when shutting down.
     async fn rest(&self) -> bool {
         tokio::select! {
             _ = self.shutdown.cancelled() => false,
-            _ = tokio::time::sleep(rest_after(self.config, self.last_batch)) => true,
+            _ = tokio::time::sleep(rest_after(self.config, self.last_batch, self.last_rows)) => true,
         }
     }
 }
 
-/// The rest after a batch that took `took`: at least `retention.pause_ms`, and long enough
-/// that the job is busy at most `retention.max_busy_percent` of the time.
-pub fn rest_after(config: &RetentionConfig, took: Duration) -> Duration {
+/// The rest after a batch that took `took` and deleted `rows`: at least `retention.pause_ms`,
+/// long enough that the job is busy at most `retention.max_busy_percent` of the time, and
+/// long enough that it deletes at most `retention.max_rows_per_second` on average.
+pub fn rest_after(config: &RetentionConfig, took: Duration, rows: u64) -> Duration {
     let busy = config.max_busy_percent.clamp(1, 100) as f64 / 100.0;
-    Duration::from_millis(config.pause_ms).max(took.mul_f64(1.0 / busy - 1.0))
+    let duty = took.mul_f64(1.0 / busy - 1.0);
+    let rate = match config.max_rows_per_second {
+        0 => Duration::ZERO,
+        max => Duration::from_secs_f64(rows as f64 / max as f64).saturating_sub(took),
+    };
+    Duration::from_millis(config.pause_ms).max(duty).max(rate)
 }
 
 #[cfg(test)]
@@ -354,11 +365,23 @@ mod tests {
 
     #[test]
     fn the_rest_keeps_the_job_busy_at_most_its_share() {
-        let config = RetentionConfig { pause_ms: 10, max_busy_percent: 10, ..RetentionConfig::default() };
-        assert_eq!(rest_after(&config, Duration::from_millis(20)), Duration::from_millis(180));
-        assert_eq!(rest_after(&config, Duration::from_micros(500)), Duration::from_millis(10), "never below pause_ms");
-        let all = RetentionConfig { pause_ms: 0, max_busy_percent: 100, ..RetentionConfig::default() };
-        assert_eq!(rest_after(&all, Duration::from_millis(20)), Duration::ZERO);
+        let config = RetentionConfig { pause_ms: 10, max_busy_percent: 10, max_rows_per_second: 0, ..RetentionConfig::default() };
+        assert_eq!(rest_after(&config, Duration::from_millis(20), 1_000), Duration::from_millis(180));
+        assert_eq!(rest_after(&config, Duration::from_micros(500), 1_000), Duration::from_millis(10), "never below pause_ms");
+        let all = RetentionConfig { pause_ms: 0, max_busy_percent: 100, max_rows_per_second: 0, ..RetentionConfig::default() };
+        assert_eq!(rest_after(&all, Duration::from_millis(20), 1_000), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_rest_keeps_the_job_under_its_rows_per_second() {
+        let config = RetentionConfig { pause_ms: 10, max_busy_percent: 10, max_rows_per_second: 3_000, ..RetentionConfig::default() };
+        // 900 rows in 10 ms: 300 ms per batch at 3,000 rows/s, so 290 ms of rest (the duty
+        // alone would give 90 ms).
+        assert_eq!(rest_after(&config, Duration::from_millis(10), 900), Duration::from_millis(290));
+        // Few rows: the duty cap rules.
+        assert_eq!(rest_after(&config, Duration::from_millis(10), 30), Duration::from_millis(90));
+        // A slow batch never rests less than its duty share.
+        assert_eq!(rest_after(&config, Duration::from_millis(400), 900), Duration::from_millis(3_600));
     }
 
     #[test]

@@ -87,6 +87,47 @@ pub struct Runner {
     pub metrics: WorkerMetrics,
     pub claimer: Claimer,
     pub finaliser: Finaliser,
+    /// This worker's Deliveries between the end of their request and their finalise's
+    /// commit; the claimer shares it.
+    pub finishing: Finishing,
+}
+
+/// This worker's Claims whose HTTP request has ended and whose finalise has not committed
+/// yet. Their Endpoint's slot is already free in the worker's queue, and the claim leaves them
+/// out of the concurrency counts (`claim_batch_finishing`), so a slot covers the claim and
+/// the request, not the finalise. A Claim is added only after its request ended and removed
+/// once its finalise is over (or has given up), so the claim never leaves out a request in
+/// flight. At most `worker.max_in_flight` entries.
+#[derive(Clone, Default)]
+pub struct Finishing(Arc<std::sync::Mutex<std::collections::HashSet<ClaimToken>>>);
+
+impl Finishing {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<ClaimToken>> {
+        // Nothing panics while holding the lock; a poisoned set is still the right set.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds `token` until the returned guard is dropped.
+    fn enter(&self, token: ClaimToken) -> FinishingGuard {
+        self.set().insert(token);
+        FinishingGuard { finishing: self.clone(), token }
+    }
+
+    /// The Claims finishing now, for a claim batch.
+    pub fn snapshot(&self) -> Vec<ClaimToken> {
+        self.set().iter().copied().collect()
+    }
+}
+
+struct FinishingGuard {
+    finishing: Finishing,
+    token: ClaimToken,
+}
+
+impl Drop for FinishingGuard {
+    fn drop(&mut self) {
+        self.finishing.set().remove(&self.token);
+    }
 }
 
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
@@ -187,13 +228,16 @@ async fn connection(pool: &railhook_store::Pool) -> Result<deadpool_postgres::Ob
     pool.get().await.map_err(|e| WorkerError::unavailable("no Postgres connection from the pool", e))
 }
 
-pub fn claimer(pool: railhook_store::Pool, limits: lifecycle::Limits, metrics: WorkerMetrics, capacity: usize) -> Claimer {
+pub fn claimer(pool: railhook_store::Pool, limits: lifecycle::Limits, metrics: WorkerMetrics, capacity: usize, finishing: Finishing) -> Claimer {
     Batcher::start("claim", capacity, move |requests: Arc<[ClaimRequest]>| {
-        let (pool, metrics) = (pool.clone(), metrics.clone());
+        let (pool, metrics, finishing) = (pool.clone(), metrics.clone(), finishing.clone());
         async move {
             metrics.claim_batch_size.observe(requests.len() as f64);
             let client = connection(&pool).await?;
-            lifecycle::claim_batch(&client, &requests, &limits).await.map_err(|e| WorkerError::postgres("claim batch", e))
+            // Read when the batch goes, not when its requests were made: a Delivery whose
+            // finalise committed since is no longer PROCESSING, so naming it changes nothing.
+            let finishing = finishing.snapshot();
+            lifecycle::claim_batch_finishing(&client, &requests, &limits, &finishing).await.map_err(|e| WorkerError::postgres("claim batch", e))
         }
     })
 }
@@ -225,8 +269,10 @@ impl Runner {
     /// the Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
-    /// `claimed_tx`: the hint is not done with, its offset stays pending.
-    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
+    /// once the request has ended, before the finalise (the Endpoint's slot is free then; see
+    /// [`Finishing`]); never if no request was made.
+    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let claimed = self.claim(hint, mode, &hard_stop).await;
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
@@ -257,7 +303,7 @@ impl Runner {
         if let Some(parked) = claimed.parked_at {
             self.metrics.ordering_parked_seconds.observe((Utc::now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
-        self.attempt(claimed, &hard_stop).await
+        self.attempt(claimed, sent_tx, &hard_stop).await
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
@@ -296,7 +342,7 @@ impl Runner {
     }
 
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: Claimed, hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
+    async fn attempt(&self, claimed: Claimed, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
         let request = self.request(&claimed);
         let request_headers = http::recorded_headers(&request.headers, &[]);
         // Invariant 1: nothing but the HTTP request in this future.
@@ -308,6 +354,10 @@ impl Runner {
                 return Ok(Ran::Released.into());
             }
         };
+        // The request is over: out of the concurrency counts from here to the finalise's end
+        // (the guard), and the Endpoint's slot is free for its next hint.
+        let _finishing = self.finishing.enter(claimed.token);
+        sent_tx();
         let verdict = http::classify(&outcome);
         let (next, ran) = self.next(&claimed, &verdict);
         self.metrics.attempt(&outcome);

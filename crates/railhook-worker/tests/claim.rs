@@ -168,3 +168,34 @@ async fn a_claim_in_the_waiting_mode_is_busy_and_writes_nothing() {
     let deferred = store::claim_batch(&client, &[ClaimRequest { wait: false, ..requests[2] }], &limits(1, 0)).await.unwrap();
     assert_eq!(kinds(&deferred), ["endpoint_concurrency"]);
 }
+
+/// A worker's own Claims whose request has ended (`finishing`, waiting for their finalise) do
+/// not count against the concurrency limits; every other PROCESSING row does, a token that is
+/// not a PROCESSING row's frees nothing, and the project limit leaves them out the same way.
+#[tokio::test]
+async fn claims_whose_request_ended_do_not_count_against_the_limits() {
+    let (_db, pool, fixture) = setup(1).await;
+    let mut requests = Vec::new();
+    for _ in 0..4 {
+        requests.extend(fixture.ingest(&pool, "order.created").await.iter().map(|d| ClaimRequest { wait: true, ..first(d) }));
+    }
+    let client = pool.get().await.unwrap();
+    let held = store::claim_batch(&client, &requests[..2], &limits(2, 0)).await.unwrap();
+    assert_eq!(kinds(&held), ["claimed", "claimed"]);
+    let tokens: Vec<ClaimToken> = held.iter().map(|r| match r {
+        ClaimResult::Claimed(c) => c.token,
+        other => panic!("{other:?}"),
+    }).collect();
+
+    // Both slots in use: busy, whatever a stranger's token says.
+    let busy = store::claim_batch_finishing(&client, &requests[2..3], &limits(2, 0), &[ClaimToken::new()]).await.unwrap();
+    assert_eq!(kinds(&busy), ["busy:endpoint_concurrency"]);
+    // One of them is finishing: one slot for the next claim, not two.
+    let next = store::claim_batch_finishing(&client, &requests[2..4], &limits(2, 0), &tokens[..1]).await.unwrap();
+    assert_eq!(kinds(&next), ["claimed", "busy:endpoint_concurrency"]);
+    // The project's limit (3: three PROCESSING now) leaves them out too.
+    let project = store::claim_batch_finishing(&client, &requests[3..4], &limits(0, 3), &tokens).await.unwrap();
+    assert_eq!(kinds(&project), ["claimed"]);
+    let processing: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
+    assert_eq!(processing, 4);
+}

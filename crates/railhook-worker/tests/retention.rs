@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 /// Events kept 1 hour, Failed Messages 1 day.
 fn config() -> RetentionConfig {
-    RetentionConfig { events_days: 1.0 / 24.0, failed_days: 1.0, pause_ms: 0, max_busy_percent: 100, ..RetentionConfig::default() }
+    RetentionConfig { events_days: 1.0 / 24.0, failed_days: 1.0, pause_ms: 0, max_busy_percent: 100, max_rows_per_second: 0, ..RetentionConfig::default() }
 }
 
 async fn run(pool: &railhook_store::Pool, config: &RetentionConfig) -> Report {

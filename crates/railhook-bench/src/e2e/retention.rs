@@ -1,7 +1,8 @@
 //! The `retention` phase (issue 17: "a retention job running during the e2e benchmark changes
 //! its p99 by less than 10 %"), on a clean stack of its own with `retention.interval_seconds`
 //! 1 (so a run starts within a second of expired rows appearing) and every other setting at
-//! its default (`events_days` 30, `batch_target_ms`, `pause_ms`, `max_busy_percent`):
+//! its default (`events_days` 30, `batch_target_ms`, `pause_ms`, `max_busy_percent`,
+//! `max_rows_per_second`):
 //!
 //! - Endpoint L (`bench.retention.live`) gets live Events at a fixed rate
 //!   (`--retention-live-rate`, default 200/s, e2e's light rate; 32 connections), latency from
@@ -30,7 +31,8 @@
 //! - Figures: off and on samples pooled, p50/p95/p99/max each, p99 on/off (target < 1.1) and
 //!   p50 on/off, the per-pair p99s (the noise), rows deleted per second in the on windows.
 //!   `targets.met`: ratio < 1.1, every on window busy throughout, every live Event delivered.
-//!   `--retention-batch-target-ms` and `--retention-pause-ms` try other job settings.
+//!   `--retention-batch-target-ms`, `--retention-pause-ms`, `--retention-max-busy-percent` and
+//!   `--retention-max-rows-per-second` try other job settings.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -416,8 +418,15 @@ fn seed_size(rate: f64, lead_s: f64) -> i64 {
 pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let (rx, rx_addr) = Receiver::start().await?;
     let (target_ms, pause_ms) = (args.retention_batch_target_ms, args.retention_pause_ms);
+    let (busy_percent, rows_per_second) = (args.retention_max_busy_percent, args.retention_max_rows_per_second);
     let tune = move |c: &mut Config| {
         c.retention.interval_seconds = 1.0;
+        if let Some(b) = busy_percent {
+            c.retention.max_busy_percent = b;
+        }
+        if let Some(r) = rows_per_second {
+            c.retention.max_rows_per_second = r;
+        }
         if let Some(t) = target_ms {
             c.retention.batch_target_ms = t;
         }
@@ -532,8 +541,8 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
 
     println!();
     println!(
-        "retention: live e2e to Endpoint L at {rate:.0} events/s, {pairs} pairs of {} s windows, off (nothing expired) and on (the job deleting a backlog); retention.batch_target_ms {}, pause_ms {}, max_busy_percent {}, interval_seconds {}",
-        WINDOW.as_secs(), rc.batch_target_ms, rc.pause_ms, rc.max_busy_percent, rc.interval_seconds
+        "retention: live e2e to Endpoint L at {rate:.0} events/s, {pairs} pairs of {} s windows, off (nothing expired) and on (the job deleting a backlog); retention.batch_target_ms {}, pause_ms {}, max_busy_percent {}, max_rows_per_second {}, interval_seconds {}",
+        WINDOW.as_secs(), rc.batch_target_ms, rc.pause_ms, rc.max_busy_percent, rc.max_rows_per_second, rc.interval_seconds
     );
     println!("{:<6} {:>10} {:>10} {:>7}", "pair", "off p99", "on p99", "ratio");
     for v in &per_pair {
@@ -564,6 +573,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         "retention_config": {
             "interval_seconds": rc.interval_seconds, "events_days": rc.events_days, "batch_rows": rc.batch_rows,
             "batch_target_ms": rc.batch_target_ms, "pause_ms": rc.pause_ms, "max_busy_percent": rc.max_busy_percent,
+            "max_rows_per_second": rc.max_rows_per_second,
         },
         "figures": {
             "on": on_json,

@@ -113,20 +113,35 @@ pub struct ClaimRequest {
 /// status = 'PENDING' AND due AND claim_token IS NOT DISTINCT FROM hint`), defers it, or
 /// finds nothing. The rows the claims won are read by a second statement sent in the same
 /// round trip (pipelined: it runs after the first one committed). Results are in the order
-/// of `requests`.
+/// of `requests`. Every PROCESSING row counts against the concurrency limits; see
+/// [`claim_batch_finishing`].
 pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits: &Limits) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
+    claim_batch_finishing(db, requests, limits, &[]).await
+}
+
+/// [`claim_batch`] for a worker whose Claims in `finishing` have had their HTTP request end
+/// and wait for their finalise's commit: those PROCESSING rows do not count against the
+/// concurrency limits (they no longer hold a receiver's connection). Only the caller's own
+/// Claims whose request is over may be named: the limits then bound requests in flight across
+/// every worker (`rules.sql`, `p_finishing`).
+pub async fn claim_batch_finishing<C: Prepared>(
+    db: &C,
+    requests: &[ClaimRequest],
+    limits: &Limits,
+    finishing: &[ClaimToken],
+) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     if requests.is_empty() {
         return Ok(Vec::new());
     }
-    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)").await?;
+    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)").await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
     let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
     let hints: Vec<Option<ClaimToken>> = requests.iter().map(|r| r.hint).collect();
     let waits: Vec<bool> = requests.iter().map(|r| r.wait).collect();
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
         &deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate,
-        &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits, &limits.ordering_gap_s,
+        &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits, &limits.ordering_gap_s, &finishing,
     ];
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
     // Both sent before either answer arrives (tokio-postgres pipelines queries polled

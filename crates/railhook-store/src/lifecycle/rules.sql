@@ -26,9 +26,18 @@
 --   circuit_half_open     a probe is in flight                  1 s
 --   endpoint_concurrency  PROCESSING >= p_endpoint_concurrency  1 s
 --   project_concurrency   PROCESSING >= p_project_concurrency   1 s
+--                         (PROCESSING rows named in p_finishing not counted, see below)
 --   endpoint_rate         the endpoint's one-second window used the next window
 --   project_rate          the project's one-second window used  the next window
 -- Limits of 0 or less mean unlimited.
+--
+-- p_finishing: the Claim tokens of the claiming worker's own Deliveries whose HTTP request
+-- has ended and whose finalise has not committed yet. They are PROCESSING but no longer use a
+-- receiver's connection, so the concurrency limits do not count them: the limits bound
+-- requests in flight (and claims about to send), not finalises. Safe across workers: a
+-- worker leaves out only its own Claims whose request is over (another worker counts them,
+-- which only errs on the safe side); a row finalised meanwhile is not PROCESSING, and one
+-- swept and claimed again has another token.
 --
 -- A claim in the waiting mode (p_wait[i], the worker's per-Endpoint queue) does not defer
 -- over a concurrency or rate limit: it answers 'busy:<reason>' and writes nothing, and the
@@ -49,7 +58,7 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
     p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
     p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
-    p_wait boolean[], p_gap_s double precision
+    p_wait boolean[], p_gap_s double precision, p_finishing uuid[]
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -178,14 +187,16 @@ BEGIN
         -- Concurrency.
         IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
             SELECT count(*) INTO n FROM deliveries
-            WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING';
+            WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING'
+              AND NOT coalesce(claim_token = ANY (p_finishing), false);
             IF n >= p_endpoint_concurrency THEN
                 reason := 'endpoint_concurrency';
                 defer_until := now() + interval '1 second';
             END IF;
         END IF;
         IF reason IS NULL AND p_project_concurrency > 0 THEN
-            SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING';
+            SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING'
+              AND NOT coalesce(claim_token = ANY (p_finishing), false);
             IF n >= p_project_concurrency THEN
                 reason := 'project_concurrency';
                 defer_until := now() + interval '1 second';
@@ -254,6 +265,19 @@ BEGIN
         idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
 END
+$$;
+
+-- The signature before p_finishing, for workers of the previous build until they restart:
+-- every PROCESSING row counts.
+CREATE OR REPLACE FUNCTION railhook_claim_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
+    p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
+    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
+    p_wait boolean[], p_gap_s double precision
+) RETURNS TABLE (idx integer, outcome text)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
+        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, '{}'::uuid[])
 $$;
 
 -- ---------------------------------------------------------------------------------------
