@@ -193,9 +193,12 @@ pub struct WorkerConfig {
     /// On SIGTERM, how long Attempts in flight may take to finish before their Claims are
     /// released unfinished.
     pub shutdown_grace_ms: u64,
-    /// Attempts in flight at once per endpoint, across all worker processes (0: no limit).
+    /// Requests in flight at once per endpoint, across all worker processes (0: no limit): a
+    /// Claim counts from the claim to the end of its request, not while its finalise is
+    /// written.
     pub endpoint_concurrency: i32,
-    /// Attempts in flight at once per project, across all worker processes (0: no limit).
+    /// Requests in flight at once per project, across all worker processes (0: no limit),
+    /// counted the same way.
     pub project_concurrency: i32,
     /// Hints waiting in one Endpoint's queue inside a worker for a free slot; past it a hint
     /// over the limit is a Deferral through the retry path.

@@ -2,10 +2,13 @@
 //! worker, first in, first out, instead of going through the retry path as a Deferral.
 //!
 //! One owner: the consume loop holds the only [`EndpointQueues`] and calls it from one task,
-//! so the state needs no lock. Per Endpoint it keeps the Attempts running here and the hints
+//! so the state needs no lock. Per Endpoint it keeps the slots taken here and the hints
 //! waiting. A hint runs at once while the Endpoint has a free slot (`worker.endpoint_concurrency`
-//! running in this process); otherwise it waits, and the moment one of the Endpoint's
-//! Attempts finishes, the first waiting hint runs.
+//! taken in this process); otherwise it waits, and the moment one of the Endpoint's slots
+//! frees, the first waiting hint runs. A slot is taken from the claim to the end of the
+//! HTTP request: the consume loop frees it when the task says its request ended
+//! (`TaskEvent::Sent`), before the finalise, which the claim then leaves out of its counts
+//! (`crate::runner::Finishing`).
 //!
 //! Postgres stays the truth across worker processes: every claim still counts the
 //! Endpoint's and the Project's PROCESSING rows under their locks. A claim that finds the
@@ -44,7 +47,7 @@ pub enum ClaimMode {
 /// The queues' bounds (`worker.*`).
 #[derive(Debug, Clone, Copy)]
 pub struct QueueLimits {
-    /// Attempts running at once per Endpoint in this process (0: no limit).
+    /// Slots (claim and request) taken at once per Endpoint in this process (0: no limit).
     pub running_per_endpoint: usize,
     /// Hints waiting per Endpoint.
     pub waiting_per_endpoint: usize,
