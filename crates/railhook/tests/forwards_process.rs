@@ -4,7 +4,8 @@
 //! each arrival by `webhook-id`, here the Forward id) gets every one, also across a kill -9 of
 //! the worker process in the middle of the stream; then a replay and a retry over the API.
 
-use std::process::Stdio;
+mod common;
+
 use std::time::Duration;
 
 use railhook_chaos::receiver::{Profile, Receiver, ReceiverEndpoint};
@@ -27,31 +28,14 @@ struct Stack {
 
 impl Stack {
     fn spawn(&self, subcommand: &str) -> tokio::process::Child {
-        let c = &self.config;
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
-            .arg(subcommand)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RAILHOOK_DATABASE_URL", &c.database.url)
-            .env("RAILHOOK_KAFKA_BROKERS", &c.kafka.brokers)
-            .env("RAILHOOK_KAFKA__TOPIC_PREFIX", &c.kafka.topic_prefix)
-            .env("RAILHOOK_KAFKA__PARTITIONS", "2")
-            .env("RAILHOOK_RELAY__SLOT_NAME", &c.relay.slot_name)
-            .env("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port()))
-            .env("RAILHOOK_API__LISTEN", self.api.trim_start_matches("http://"))
-            .env("RAILHOOK_ADMIN_TOKEN", &c.api.admin_token)
-            .env("RAILHOOK_WORKER__GROUP_ID", &c.worker.group_id)
-            .env("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", self.worker_ops))
-            .env("RAILHOOK_WORKER__PROCESSING_TIMEOUT_SECONDS", "5")
-            .env("RAILHOOK_WORKER__SCHEDULER_INTERVAL_MS", "100")
-            .env("RAILHOOK_NETWORK__ALLOW_CIDRS", r#"["127.0.0.0/8"]"#)
-            .env("RAILHOOK_TELEMETRY__LOG_FILTER", "warn")
-            .current_dir(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn railhook")
+        let env = [
+            ("RAILHOOK_KAFKA__PARTITIONS", "2".to_string()),
+            ("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port())),
+            ("RAILHOOK_API__LISTEN", self.api.trim_start_matches("http://").to_string()),
+            ("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", self.worker_ops)),
+            ("RAILHOOK_WORKER__PROCESSING_TIMEOUT_SECONDS", "5".to_string()),
+        ];
+        common::spawn_railhook(&self.config, subcommand, None, &env)
     }
 }
 

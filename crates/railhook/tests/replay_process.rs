@@ -4,9 +4,10 @@
 //! Replay cancelled half-way. Each (Replay, Event, Endpoint) is made once, nothing is made
 //! after the cancel, and every Delivery made arrives.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,32 +51,13 @@ struct Stack {
 
 impl Stack {
     fn spawn(&self, subcommand: &str, env: &[(&str, String)]) -> tokio::process::Child {
-        let c = &self.config;
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
-            .arg(subcommand)
-            .arg("--config")
-            .arg(&self.config_file)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RAILHOOK_DATABASE_URL", &c.database.url)
-            .env("RAILHOOK_KAFKA_BROKERS", &c.kafka.brokers)
-            .env("RAILHOOK_KAFKA__TOPIC_PREFIX", &c.kafka.topic_prefix)
-            .env("RAILHOOK_RELAY__SLOT_NAME", &c.relay.slot_name)
-            .env("RAILHOOK_ADMIN_TOKEN", &c.api.admin_token)
-            .env("RAILHOOK_WORKER__GROUP_ID", &c.worker.group_id)
-            .env("RAILHOOK_WORKER__PROCESSING_TIMEOUT_SECONDS", "8")
-            .env("RAILHOOK_WORKER__SCHEDULER_INTERVAL_MS", "100")
+        let mut all = vec![
+            ("RAILHOOK_WORKER__PROCESSING_TIMEOUT_SECONDS", "8".to_string()),
             // Fast enough for a test, slow enough to kill and cancel it on the way.
-            .env("RAILHOOK_REPLAY__MAX_DELIVERIES_PER_SECOND", "500")
-            .env("RAILHOOK_NETWORK__ALLOW_CIDRS", r#"["127.0.0.0/8"]"#)
-            .env("RAILHOOK_TELEMETRY__LOG_FILTER", "warn")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .current_dir(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn railhook")
+            ("RAILHOOK_REPLAY__MAX_DELIVERIES_PER_SECOND", "500".to_string()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (*k, v.clone())));
+        common::spawn_railhook(&self.config, subcommand, Some(&self.config_file), &all)
     }
 }
 
