@@ -271,10 +271,10 @@ async fn the_retention_job_sees_the_override() {
     api.db.client().await.execute("UPDATE events SET created_at = now() - interval '10 days' WHERE id = $1", &[&event_id]).await.unwrap();
     let now = retention::now(&client).await.unwrap();
     let project: railhook_core::ProjectId = p.id.parse().unwrap();
-    let (deleted, _) = retention::delete_events_batch(&client, project, retention::Cutoffs::at(now, defaults), retention::EVENTS_START, 100).await.unwrap();
+    let (deleted, _) = retention::delete_events_batch(&client, project, retention::Cutoffs::at(now, defaults), retention::EVENTS_START, 100, true).await.unwrap();
     assert_eq!(deleted.parents, 0, "the default of 30 days keeps it");
     let periods = periods_of(&retention::projects(&client, defaults).await.unwrap(), &p.id);
-    let (deleted, _) = retention::delete_events_batch(&client, project, retention::Cutoffs::at(now, periods), retention::EVENTS_START, 100).await.unwrap();
+    let (deleted, _) = retention::delete_events_batch(&client, project, retention::Cutoffs::at(now, periods), retention::EVENTS_START, 100, true).await.unwrap();
     assert_eq!(deleted.parents, 1, "the override of 7 days deletes it");
     assert_eq!(api.count("SELECT count(*) FROM events").await, 0);
 

@@ -58,6 +58,7 @@ pub struct Args {
     /// (None: the config default).
     pub retention_live_rate: f64,
     pub retention_pairs: usize,
+    pub retention_steady_pairs: usize,
     pub retention_batch_target_ms: Option<u64>,
     pub retention_pause_ms: Option<u64>,
     pub retention_max_busy_percent: Option<u64>,
@@ -90,6 +91,7 @@ fn parse_args() -> anyhow::Result<Args> {
         replay_no_alternate: false,
         retention_live_rate: 200.0,
         retention_pairs: 4,
+        retention_steady_pairs: 4,
         retention_batch_target_ms: None,
         retention_pause_ms: None,
         retention_max_busy_percent: None,
@@ -114,6 +116,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
+            "--retention-steady-pairs" => {
+                args.retention_steady_pairs = it.next().context("--retention-steady-pairs needs a value")?.parse().context("--retention-steady-pairs: a count")?
+            }
             "--retention-batch-target-ms" => args.retention_batch_target_ms = Some(it.next().context("--retention-batch-target-ms needs a value")?.parse().context("--retention-batch-target-ms: milliseconds")?),
             "--retention-pause-ms" => args.retention_pause_ms = Some(it.next().context("--retention-pause-ms needs a value")?.parse().context("--retention-pause-ms: milliseconds")?),
             "--retention-max-busy-percent" => args.retention_max_busy_percent = Some(it.next().context("--retention-max-busy-percent needs a value")?.parse().context("--retention-max-busy-percent: 1 to 100")?),
@@ -133,8 +138,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("    after each 10 s window with the Replay, a 5 s one with it held (its pace row), pooled with the windows before and after it");
                 println!("  --replay-no-alternate: no held windows, only the baseline before and after the Replay");
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
-                println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in --retention-pairs (4) pairs of 15 s windows: off (nothing");
-                println!("    expired) and on (the retention job deleting a backlog of 40-day-old Events seeded just before); pooled p99 on/off (target < 1.1x)");
+                println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in pairs of 15 s windows, off (nothing expired) and on:");
+                println!("    --retention-steady-pairs (4): history expiring at the live rate during the on window, as in a steady state (target: pooled");
+                println!("    p99 on/off < 1.1x); then --retention-pairs (4): the job catching up with a backlog of 40-day-old Events seeded just before");
                 println!("  --retention-batch-target-ms, --retention-pause-ms, --retention-max-busy-percent, --retention-max-rows-per-second:");
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");

@@ -13,7 +13,13 @@
 //!   have (ids are UUIDv7, time first), and checked against `received_at` exactly.
 //! - **Replays**: finished ones whose Deliveries are all gone ([`delete_replays`]).
 //! - Attempts are partitioned by day (migration 0017) and dropped a partition at a time by
-//!   `crate::attempts`; the ones of a deleted Delivery or Forward go with it here, looked up
+//!   `crate::attempts`. Where that drop comes within about a day of their Delivery's (or
+//!   Forward's) deletion, that is, when `attempts_days` is at least a day and at most the
+//!   Project's events period ([`attempts_with_parents`] false: the defaults, 30 and 30), they
+//!   are left to it: each deleted row is WAL the relay's walsender decodes before the live
+//!   commits behind it, and this saves a third of them per Event. Otherwise (a Project that
+//!   keeps Events for less time than Attempts, or Attempts kept for less than a day, which no
+//!   daily partition can honour) they go with their Delivery or Forward here, looked up
 //!   only in the partitions of the days between the batch's first Delivery's creation and its
 //!   last one's update, an hour either side for the worker's clock (`started_at`); Postgres
 //!   prunes the other partitions when the statement starts. `attempts` has no foreign key to
@@ -118,6 +124,15 @@ pub async fn set_overrides<C: GenericClient + Sync>(db: &C, project: ProjectId, 
     Ok(n == 1)
 }
 
+/// Whether a Project's Attempts go with their Delivery (or Forward) in the Events batches, or
+/// are left to the drop of their daily partition: with it when the Project keeps Events for
+/// less time than Attempts (`events_days < attempts_days`; the partition would keep them
+/// longer than the Project asked) or when `attempts_days` is under a day (a daily partition
+/// cannot honour it). Otherwise the partition goes within about a day of the Delivery.
+pub fn attempts_with_parents(periods: Periods, attempts_days: f64) -> bool {
+    periods.events_days < attempts_days || attempts_days < 1.0
+}
+
 /// What one batch did. `examined < limit` means the walk reached the cutoff.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Deleted {
@@ -153,7 +168,7 @@ WITH c AS (
 ), d AS (
     DELETE FROM deliveries WHERE event_id = ANY(ARRAY(SELECT id FROM gone)) RETURNING id, created_at, updated_at
 ), a AS (
-    DELETE FROM attempts WHERE delivery_id = ANY(ARRAY(SELECT id FROM d))
+    DELETE FROM attempts WHERE $7 AND delivery_id = ANY(ARRAY(SELECT id FROM d))
       AND started_at >= (SELECT min(created_at) FROM d) - interval '1 hour'
       AND started_at <= (SELECT max(updated_at) FROM d) + interval '1 hour'
     RETURNING 1
@@ -167,16 +182,17 @@ SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM e), (SELECT count(*) FROM
 
 /// One batch of one Project's Events: reads at most `limit` Events created before
 /// `cutoffs.events`, after `after`, and deletes those whose Deliveries all may go (see the
-/// module doc). Returns what it did and the cursor to go on from (None: nothing read).
-/// Start at [`EVENTS_START`].
+/// module doc), with their Attempts if `attempts` ([`attempts_with_parents`]). Returns what it
+/// did and the cursor to go on from (None: nothing read). Start at [`EVENTS_START`].
 pub async fn delete_events_batch<C: GenericClient + Sync>(
     db: &C,
     project: ProjectId,
     cutoffs: Cutoffs,
     after: EventCursor,
     limit: i64,
+    attempts: bool,
 ) -> Result<(Deleted, Option<EventCursor>), StoreError> {
-    let r = db.query_one(EVENTS_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after.0, &after.1, &limit]).await?;
+    let r = db.query_one(EVENTS_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after.0, &after.1, &limit, &attempts]).await?;
     let deleted = Deleted { examined: r.get::<_, i64>(0) as u64, parents: r.get::<_, i64>(1) as u64, children: r.get::<_, i64>(2) as u64, attempts: r.get::<_, i64>(3) as u64 };
     let next = match (r.get::<_, Option<DateTime<Utc>>>(4), r.get::<_, Option<Uuid>>(5)) {
         (Some(t), Some(id)) => Some((t, id)),
@@ -201,7 +217,7 @@ WITH c AS (
 ), f AS (
     DELETE FROM forwards WHERE incoming_event_id = ANY(ARRAY(SELECT id FROM gone)) RETURNING id, created_at, updated_at
 ), a AS (
-    DELETE FROM attempts WHERE forward_id = ANY(ARRAY(SELECT id FROM f))
+    DELETE FROM attempts WHERE $7 AND forward_id = ANY(ARRAY(SELECT id FROM f))
       AND started_at >= (SELECT min(created_at) FROM f) - interval '1 hour'
       AND started_at <= (SELECT max(updated_at) FROM f) + interval '1 hour'
     RETURNING 1
@@ -218,16 +234,18 @@ pub fn first_id_at(t: DateTime<Utc>) -> Uuid {
 
 /// One batch of one Project's Incoming Events, in id order after `after` (`Uuid::nil()` to
 /// start), up to the first id `cutoffs.events` can have: deletes those received before the
-/// cutoff whose Forwards all may go. Returns what it did and the cursor to go on from.
+/// cutoff whose Forwards all may go, with their Attempts if `attempts`
+/// ([`attempts_with_parents`]). Returns what it did and the cursor to go on from.
 pub async fn delete_incoming_batch<C: GenericClient + Sync>(
     db: &C,
     project: ProjectId,
     cutoffs: Cutoffs,
     after: Uuid,
     limit: i64,
+    attempts: bool,
 ) -> Result<(Deleted, Option<Uuid>), StoreError> {
     let bound = first_id_at(cutoffs.events);
-    let r = db.query_one(INCOMING_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after, &bound, &limit]).await?;
+    let r = db.query_one(INCOMING_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after, &bound, &limit, &attempts]).await?;
     let deleted = Deleted { examined: r.get::<_, i64>(0) as u64, parents: r.get::<_, i64>(1) as u64, children: r.get::<_, i64>(2) as u64, attempts: r.get::<_, i64>(3) as u64 };
     Ok((deleted, r.get(4)))
 }
@@ -256,4 +274,18 @@ pub async fn try_lock<C: GenericClient + Sync>(db: &C) -> Result<bool, StoreErro
 /// Releases what [`try_lock`] took; false if this connection did not hold it.
 pub async fn unlock<C: GenericClient + Sync>(db: &C) -> Result<bool, StoreError> {
     Ok(db.query_one("SELECT pg_advisory_unlock($1)", &[&crate::locks::RETENTION.key]).await?.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempts_go_with_their_parents_only_where_no_partition_drop_takes_them_soon() {
+        let p = |events_days| Periods { events_days, failed_days: 90.0 };
+        assert!(!attempts_with_parents(p(30.0), 30.0), "the defaults: the partition goes within a day");
+        assert!(!attempts_with_parents(p(60.0), 30.0), "the partition went first");
+        assert!(attempts_with_parents(p(7.0), 30.0), "the Project keeps Events for less time");
+        assert!(attempts_with_parents(p(1.0 / 24.0), 1.0 / 24.0), "under a day: no daily partition can");
+    }
 }

@@ -17,7 +17,9 @@
 //!   deleted row is WAL the relay's walsender decodes before the live commits after it.
 //! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
 //!   (dropped whole, `railhook_store::attempts`), then per Project its Events and its
-//!   Incoming Events, then finished Replays with nothing left.
+//!   Incoming Events (with their Attempts only where no partition drop takes them within
+//!   about a day: `railhook_store::retention::attempts_with_parents`), then finished Replays
+//!   with nothing left.
 //! - Published outbox rows are not this job's: the relay trims them
 //!   (`relay.outbox_retention_seconds`), as before.
 
@@ -236,7 +238,8 @@ impl Job<'_> {
         let defaults = Periods { events_days: self.config.events_days, failed_days: self.config.failed_days };
         for (project, periods) in store::projects(self.db, defaults).await? {
             let cutoffs = Cutoffs::at(now, periods);
-            if !self.events(project, cutoffs).await? || !self.incoming(project, cutoffs).await? {
+            let attempts = store::attempts_with_parents(periods, self.config.attempts_days);
+            if !self.events(project, cutoffs, attempts).await? || !self.incoming(project, cutoffs, attempts).await? {
                 self.report.interrupted = true;
                 return Ok(());
             }
@@ -260,13 +263,14 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// One Project's Events, batch by batch; false if shut down on the way.
-    async fn events(&mut self, project: railhook_core::ProjectId, cutoffs: Cutoffs) -> Result<bool, StoreError> {
+    /// One Project's Events, batch by batch (with their Attempts if `attempts`); false if shut
+    /// down on the way.
+    async fn events(&mut self, project: railhook_core::ProjectId, cutoffs: Cutoffs, attempts: bool) -> Result<bool, StoreError> {
         let mut after = store::EVENTS_START;
         loop {
             let limit = self.sizer.rows;
             let started = Instant::now();
-            let (d, next) = store::delete_events_batch(self.db, project, cutoffs, after, limit).await?;
+            let (d, next) = store::delete_events_batch(self.db, project, cutoffs, after, limit, attempts).await?;
             self.batch_done(d, started.elapsed(), false);
             match next {
                 Some(n) if d.examined as i64 >= limit => after = n,
@@ -278,13 +282,14 @@ impl Job<'_> {
         }
     }
 
-    /// One Project's Incoming Events, batch by batch; false if shut down on the way.
-    async fn incoming(&mut self, project: railhook_core::ProjectId, cutoffs: Cutoffs) -> Result<bool, StoreError> {
+    /// One Project's Incoming Events, batch by batch (with their Attempts if `attempts`);
+    /// false if shut down on the way.
+    async fn incoming(&mut self, project: railhook_core::ProjectId, cutoffs: Cutoffs, attempts: bool) -> Result<bool, StoreError> {
         let mut after = Uuid::nil();
         loop {
             let limit = self.sizer.rows;
             let started = Instant::now();
-            let (d, next) = store::delete_incoming_batch(self.db, project, cutoffs, after, limit).await?;
+            let (d, next) = store::delete_incoming_batch(self.db, project, cutoffs, after, limit, attempts).await?;
             self.batch_done(d, started.elapsed(), true);
             match next {
                 Some(n) if d.examined as i64 >= limit => after = n,

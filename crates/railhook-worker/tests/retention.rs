@@ -424,3 +424,36 @@ async fn partition_names(c: &Client) -> Vec<String> {
         .map(|r| r.get::<_, String>(0))
         .collect()
 }
+
+/// With `attempts_days` at least a day and at most the events period (the defaults), an
+/// Event's Attempts are left to the drop of their daily partition (a third fewer rows per
+/// Event); with `attempts_days` under a day (or a Project that keeps Events for less time)
+/// they go with their Delivery.
+#[tokio::test]
+async fn attempts_go_with_their_delivery_only_where_no_partition_drop_takes_them_soon() {
+    let (db, pool, fixture) = Fixture::in_fresh_db(1).await;
+    let c = db.client().await;
+    let (p, e1) = (fixture.project, fixture.endpoints[0]);
+    let attempts_of = |d: Uuid| {
+        let c = &c;
+        async move { c.query_one("SELECT count(*) FROM attempts WHERE delivery_id = $1", &[&d]).await.unwrap().get::<_, i64>(0) }
+    };
+
+    // The defaults' shape: events 2 days, attempts 2 days.
+    let left = event(&c, p, "3 days").await;
+    let left_delivery = delivery(&c, p, left, e1, "SUCCESS", Some("3 days")).await;
+    let config_days = RetentionConfig { events_days: 2.0, attempts_days: 2.0, ..config() };
+    let r = run(&pool, &config_days).await;
+    assert_eq!((r.events, r.deliveries, r.attempts), (1, 1, 0), "{r:?}");
+    assert!(!exists(&c, "events", left).await);
+    assert_eq!(attempts_of(left_delivery).await, 1, "left to its partition's drop");
+
+    // Attempts kept for less than a day: no daily partition can, so they go with the Delivery.
+    let with = event(&c, p, "3 days").await;
+    let with_delivery = delivery(&c, p, with, e1, "SUCCESS", Some("3 days")).await;
+    let config_hours = RetentionConfig { events_days: 2.0, attempts_days: 0.5, ..config() };
+    let r = run(&pool, &config_hours).await;
+    assert_eq!((r.events, r.deliveries, r.attempts), (1, 1, 1), "{r:?}");
+    assert_eq!(attempts_of(with_delivery).await, 0);
+    assert_eq!(attempts_of(left_delivery).await, 1, "not a Delivery's any more: its partition's");
+}
