@@ -59,6 +59,7 @@ pub struct Args {
     pub retention_live_rate: f64,
     pub retention_pairs: usize,
     pub retention_steady_pairs: usize,
+    pub retention_control: bool,
     pub retention_batch_target_ms: Option<u64>,
     pub retention_pause_ms: Option<u64>,
     pub retention_max_busy_percent: Option<u64>,
@@ -92,6 +93,7 @@ fn parse_args() -> anyhow::Result<Args> {
         retention_live_rate: 200.0,
         retention_pairs: 4,
         retention_steady_pairs: 4,
+        retention_control: false,
         retention_batch_target_ms: None,
         retention_pause_ms: None,
         retention_max_busy_percent: None,
@@ -116,6 +118,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
+            "--retention-control" => args.retention_control = true,
             "--retention-steady-pairs" => {
                 args.retention_steady_pairs = it.next().context("--retention-steady-pairs needs a value")?.parse().context("--retention-steady-pairs: a count")?
             }
@@ -141,6 +144,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in pairs of 15 s windows, off (nothing expired) and on:");
                 println!("    --retention-steady-pairs (4): history expiring at the live rate during the on window, as in a steady state (target: pooled");
                 println!("    p99 on/off < 1.1x); then --retention-pairs (4): the job catching up with a backlog of 40-day-old Events seeded just before");
+                println!("  --retention-control: the steady history expires 30 s after the on window instead of in it (an A/A check of the phase's own bias)");
                 println!("  --retention-batch-target-ms, --retention-pause-ms, --retention-max-busy-percent, --retention-max-rows-per-second:");
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");

@@ -22,7 +22,10 @@
 //!     every 1/rate s; the window starts when the first one expires). The job does what it
 //!     does day to day: each run (every second here) deletes what expired since the last one.
 //!     Each such window records whether the job kept up (deleted at least 90 % of what
-//!     expired in it, at most two seconds' worth left at its end).
+//!     expired in it, at most two seconds' worth left at its end). `--retention-control`
+//!     shifts that history to expire [`CONTROL_SHIFT`] later, after the window: an A/A run of
+//!     the phase's own procedure (seed, VACUUM, CHECKPOINT, settle) in which the job deletes
+//!     nothing, whose ratio is the phase's bias.
 //!   - catch-up (`--retention-pairs`, default 4): right before it a backlog is seeded and its
 //!     first deletion awaited (the worker's `railhook_retention_deleted_rows_total`), sized
 //!     from the delete rate measured so far so that the job is still deleting, at its caps,
@@ -95,6 +98,8 @@ const HISTORY_TYPE: &str = "bench.retention.history";
 /// the window.
 const STEADY_LEAD: Duration = Duration::from_secs(10);
 const STEADY_TAIL: Duration = Duration::from_secs(3);
+/// `--retention-control`: how much later than the window's start the steady history expires.
+const CONTROL_SHIFT: Duration = Duration::from_secs(30);
 /// The target: p99 with the job deleting under 1.1 times the p99 without.
 const P99_RATIO_TARGET: f64 = 1.1;
 
@@ -276,6 +281,8 @@ struct Window {
     seed: Option<(Seed, f64)>,
     /// Part of a steady pair (history expiring at the live rate), not a catch-up pair.
     steady: bool,
+    /// A steady on window of `--retention-control`: its history expires after it.
+    control: bool,
     /// Steady on: the Events seeded to expire in it, and how late the window started after the
     /// first one expired (seconds).
     steady_seed: Option<(i64, f64)>,
@@ -372,7 +379,7 @@ impl Window {
             "relay_commit_to_ack": self.relay.json(),
             "cpu_cores": self.cpu,
             "seed": self.seed.map(|(s, lead)| s.json(lead)),
-            "steady": self.steady,
+            "steady": self.steady, "control": self.control,
             "steady_seed": self.steady_seed.map(|(n, late)| serde_json::json!({"events": n, "window_started_after_first_expiry_s": late})),
             "vacuum_before_s": self.vacuum_before_s,
         })
@@ -448,6 +455,7 @@ async fn window(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, durati
         cpu,
         seed: None,
         steady: false,
+        control: false,
         steady_seed: None,
         vacuum_before_s: None,
         checkpoint_before_s: None,
@@ -582,13 +590,18 @@ async fn seed(stack: &mut Stack, db: &mut Client, h: &History, events: i64) -> a
 /// History for a steady on window: Events that expire one after another at `rate` per second
 /// (as the live traffic of `events_days` ago would), the first [`STEADY_LEAD`] after the
 /// seed's transaction began, the last [`STEADY_TAIL`] after the window's end if it starts
-/// then. Returns the moment the first one expires (the window starts there) and the count.
-async fn seed_steady(db: &mut Client, h: &History, events_days: f64, rate: f64) -> anyhow::Result<(Instant, i64)> {
+/// then; `VACUUM (ANALYZE)` after, as before an off window. Returns the moment the window
+/// starts (when the first one expires) and the count. With `control` (an A/A check of the
+/// phase itself) the same Events expire [`CONTROL_SHIFT`] later, after the window: the job
+/// deletes nothing within it.
+async fn seed_steady(db: &mut Client, h: &History, events_days: f64, rate: f64, control: bool) -> anyhow::Result<(Instant, i64)> {
     let events = (rate * (WINDOW + STEADY_TAIL).as_secs_f64()).ceil() as i64;
     // Read before the transaction begins, so the first expiry is at or after it.
     let began = Instant::now();
-    let days_ago = events_days - STEADY_LEAD.as_secs_f64() / 86_400.0;
+    let shift = if control { CONTROL_SHIFT } else { Duration::ZERO };
+    let days_ago = events_days - (STEADY_LEAD + shift).as_secs_f64() / 86_400.0;
     insert_history(db, h, events, days_ago, 1000.0 / rate).await?;
+    db.batch_execute("VACUUM (ANALYZE) events, deliveries, attempts_default").await?;
     // The Delivery finished 40 ms after its Event: the Event may go once both are past.
     Ok((began + STEADY_LEAD + Duration::from_millis(40), events))
 }
@@ -677,7 +690,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         let mut on = if steady {
             // on: history expiring at the live rate all window long, as a month of this
             // traffic leaves it: the job deletes each second what expired since its last run.
-            let (first_expiry, n) = seed_steady(&mut db, &history, rc.events_days, rate).await?;
+            let (first_expiry, n) = seed_steady(&mut db, &history, rc.events_days, rate, args.retention_control).await?;
             seeded += n;
             let on_checkpoint_s = checkpoint(&db).await?;
             settle(&mut stack, &db, &rx, rate, seeded).await?;
@@ -693,6 +706,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
             let mut on = window(&mut stack, &db, &rx, rate, WINDOW, seeded).await?;
             on.checkpoint_before_s = Some(on_checkpoint_s);
             on.steady_seed = Some((n, late));
+            on.control = args.retention_control;
             on
         } else {
             // on: a fresh backlog the job is deleting all window long.
@@ -714,7 +728,9 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
             (None, Some((n, late))) => format!("{n} Events expiring at {rate:.0}/s from the window's start (started {late:.2} s after the first expiry)"),
             (None, None) => String::new(),
         };
-        let state = if steady {
+        let state = if on.control {
+            if on.job.events == 0.0 { "control: nothing expired in it".to_string() } else { "  <- control, yet the job deleted".to_string() }
+        } else if steady {
             if on.kept_up(rate) { "kept up".to_string() } else { "  <- did NOT keep up".to_string() }
         } else if on.busy() {
             "busy throughout".to_string()
@@ -757,7 +773,8 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     // The target is the steady state's: the job running as it does day to day, deleting what
     // expires; the catch-up (a backlog deleted at the job's caps) is reported beside it.
     let (met, headline) = match &steady {
-        Some(f) => (f.met && all_delivered, f.json.clone()),
+        // A control run measures the phase, not the job: never "met".
+        Some(f) => (f.met && all_delivered && !args.retention_control, f.json.clone()),
         None => (false, serde_json::Value::Null),
     };
     Ok(serde_json::json!({
@@ -780,7 +797,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         "steady": headline,
         "catch_up": catch_up.map(|f| f.json),
         "targets": {
-            "p99_on_over_off_under": P99_RATIO_TARGET, "of": "steady", "all_delivered": all_delivered, "met": met,
+            "p99_on_over_off_under": P99_RATIO_TARGET, "of": "steady", "control": args.retention_control, "all_delivered": all_delivered, "met": met,
         },
     }))
 }
@@ -810,7 +827,8 @@ impl Kind {
         let p99_ratio = n.p99 / o.p99.max(0.001);
         let p50_ratio = n.p50 / o.p50.max(0.001);
         // Steady: the job kept up with what expired; catch-up: it was deleting all window long.
-        let working = ons.iter().filter(|w| if steady { w.kept_up(rate) } else { w.busy() }).count();
+        // (A control window works when the job deleted nothing in it.)
+        let working = ons.iter().filter(|w| if w.control { w.job.events == 0.0 } else if steady { w.kept_up(rate) } else { w.busy() }).count();
         let on_s: f64 = ons.iter().map(|w| w.seconds).sum();
         let deleted = ons.iter().fold(JobCounters::default(), |a, w| JobCounters {
             events: a.events + w.job.events,
