@@ -91,8 +91,8 @@ fn parse_args() -> anyhow::Result<Args> {
         replay_max_per_second: None,
         replay_no_alternate: false,
         retention_live_rate: 200.0,
-        retention_pairs: 4,
-        retention_steady_pairs: 4,
+        retention_pairs: 2,
+        retention_steady_pairs: 8,
         retention_control: false,
         retention_batch_target_ms: None,
         retention_pause_ms: None,
@@ -142,8 +142,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --replay-no-alternate: no held windows, only the baseline before and after the Replay");
                 println!("  --replay-batch-size, --replay-pause-ms, --replay-max-per-second: the Replay's replay.batch_size, replay.pause_ms and replay.max_deliveries_per_second (default: the configuration's)");
                 println!("  retention: Endpoint L gets live events at --retention-live-rate (200/s) in pairs of 15 s windows, off (nothing expired) and on:");
-                println!("    --retention-steady-pairs (4): history expiring at the live rate during the on window, as in a steady state (target: pooled");
-                println!("    p99 on/off < 1.1x); then --retention-pairs (4): the job catching up with a backlog of 40-day-old Events seeded just before");
+                println!("    --retention-steady-pairs (8): history expiring at the live rate during the on window, as in a steady state (target: pooled");
+                println!("    p99 on/off < 1.1x); then --retention-pairs (2): the job catching up with a backlog of 40-day-old Events seeded just before");
                 println!("  --retention-control: the steady history expires 30 s after the on window instead of in it (an A/A check of the phase's own bias)");
                 println!("  --retention-batch-target-ms, --retention-pause-ms, --retention-max-busy-percent, --retention-max-rows-per-second:");
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");

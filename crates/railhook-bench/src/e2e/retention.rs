@@ -16,7 +16,7 @@
 //! - Alternating windows of [`WINDOW`] in two kinds of pairs. "off": no expired row exists
 //!   (awaited in the database after the previous on window: the job deleted every one) and
 //!   the job's runs find nothing. "on" comes in two kinds:
-//!   - steady (`--retention-steady-pairs`, default 4; **the target's**): history expiring at
+//!   - steady (`--retention-steady-pairs`, default 8; **the target's**): history expiring at
 //!     the live rate from the window's first moment to its end, as a month of the same traffic
 //!     leaves it ([`seed_steady`]: Events created `events_days` less [`STEADY_LEAD`] ago, one
 //!     every 1/rate s; the window starts when the first one expires). The job does what it
@@ -26,7 +26,7 @@
 //!     shifts that history to expire [`CONTROL_SHIFT`] later, after the window: an A/A run of
 //!     the phase's own procedure (seed, VACUUM, CHECKPOINT, settle) in which the job deletes
 //!     nothing, whose ratio is the phase's bias.
-//!   - catch-up (`--retention-pairs`, default 4): right before it a backlog is seeded and its
+//!   - catch-up (`--retention-pairs`, default 2): right before it a backlog is seeded and its
 //!     first deletion awaited (the worker's `railhook_retention_deleted_rows_total`), sized
 //!     from the delete rate measured so far so that the job is still deleting, at its caps,
 //!     when the window ends (as after an outage, or a shorter retention period set): the
@@ -45,7 +45,8 @@
 //!   (`pg_stat_wal`: bytes, full-page images) and the checkpoints that finished in it.
 //! - Each window also records the relay's `railhook_relay_commit_to_ack_seconds` (an outbox
 //!   row's commit to Kafka's acknowledgement): the shares of the window's announcements over
-//!   2.5, 5 and 10 ms, the part of the live path the job's WAL goes through.
+//!   2.5, 5 and 10 ms, the part of the live path the job's WAL goes through, and the CPU of
+//!   the slot's walsender (from `/proc` of its pid).
 //! - Figures, per kind: off and on samples pooled, p50/p95/p99/max each, p99 on/off (target
 //!   < 1.1) and p50 on/off, the per-pair p99s (the noise) and their median, rows deleted per
 //!   second in the on windows. `targets.met`: the steady kind's ratio < 1.1 with the job
@@ -277,6 +278,8 @@ struct Window {
     wal: Wal,
     /// The relay's commit-to-ack times of the window's announcements.
     relay: RelayLag,
+    /// CPU of the relay slot's walsender within the window, in cores.
+    walsender_cores: f64,
     cpu: serde_json::Value,
     seed: Option<(Seed, f64)>,
     /// Part of a steady pair (history expiring at the live rate), not a catch-up pair.
@@ -376,7 +379,7 @@ impl Window {
             "busy_throughout": self.busy(),
             "autovacuums_finished": self.autovacuums, "autovacuum_running_at_start_or_end": self.autovacuum_running,
             "wal": self.wal.json(self.seconds), "checkpoint_before_s": self.checkpoint_before_s,
-            "relay_commit_to_ack": self.relay.json(),
+            "relay_commit_to_ack": self.relay.json(), "walsender_cores": self.walsender_cores,
             "cpu_cores": self.cpu,
             "seed": self.seed.map(|(s, lead)| s.json(lead)),
             "steady": self.steady, "control": self.control,
@@ -407,6 +410,12 @@ async fn window(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, durati
     let wal0 = Wal::read(db).await?;
     let relay_metrics = format!("http://{}/metrics", stack.config.relay.ops_listen);
     let relay0 = RelayLag::read(&relay_metrics).await?;
+    let walsender: Option<i32> = db
+        .query_one("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", &[&stack.config.relay.slot_name])
+        .await?
+        .get(0);
+    let walsender_cpu = || walsender.and_then(|p| u32::try_from(p).ok()).map(crate::procs::cpu_seconds).unwrap_or(0.0);
+    let walsender0 = walsender_cpu();
     let job0 = JobCounters::read(&metrics).await?;
     let cpu0 = cpu_snapshot(stack);
     let p = plan(stack, stack.api_addr, Some(rate), duration, one_type(LIVE_TYPE));
@@ -425,6 +434,7 @@ async fn window(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, durati
     let sent = sent?;
     let load_end = Instant::now();
     let seconds = t0.elapsed().as_secs_f64();
+    let walsender_cores = (walsender_cpu() - walsender0) / seconds.max(0.001);
     let job = JobCounters::read(&metrics).await?.minus(&job0);
     let remaining_at_end = expired(db, stack.config.retention.events_days).await?;
     let (av1, running1) = autovacuum(db).await?;
@@ -452,6 +462,7 @@ async fn window(stack: &mut Stack, db: &Client, rx: &Receiver, rate: f64, durati
         autovacuum_running: running0 || running1,
         wal,
         relay,
+        walsender_cores,
         cpu,
         seed: None,
         steady: false,
@@ -511,10 +522,12 @@ async fn await_no_autovacuum(db: &Client) -> anyhow::Result<f64> {
 }
 
 /// Waits until the job deleted every expired Event; returns the seconds waited.
-async fn await_drained(stack: &mut Stack, db: &Client) -> anyhow::Result<f64> {
+/// With a `horizon`, also every Event that expires within it (a control run's history, which
+/// would otherwise expire in the next window).
+async fn await_drained(stack: &mut Stack, db: &Client, horizon: Duration) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     loop {
-        let left = expired(db, stack.config.retention.events_days).await?;
+        let left = expired(db, stack.config.retention.events_days - horizon.as_secs_f64() / 86_400.0).await?;
         if left == 0 {
             return Ok(t0.elapsed().as_secs_f64());
         }
@@ -673,7 +686,8 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     for pair in 1..=steady_pairs + backlog_pairs {
         let steady = pair <= steady_pairs;
         // off: nothing expired.
-        let drain_s = await_drained(&mut stack, &db).await?;
+        let horizon = if args.retention_control { CONTROL_SHIFT + STEADY_LEAD + WINDOW + STEADY_TAIL } else { Duration::ZERO };
+        let drain_s = await_drained(&mut stack, &db, horizon).await?;
         let av_s = await_no_autovacuum(&db).await?;
         // The vacuum of what the job deleted, now rather than by autovacuum within the off
         // window (whose launcher comes when it comes): off has no retention work at all.
@@ -749,9 +763,9 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
             on.wal.bytes / on.seconds / 1_048_576.0, on.wal.fpi as f64 / on.seconds, on.wal.checkpoints
         );
         println!(
-            "retention: pair {pair}: the relay's commit to Kafka's ack: over 2.5 ms {:.2} % off, {:.2} % on; over 5 ms {:.2} % off, {:.2} % on; over 10 ms {:.2} % off, {:.2} % on",
+            "retention: pair {pair}: the relay's commit to Kafka's ack: over 2.5 ms {:.2} % off, {:.2} % on; over 5 ms {:.2} % off, {:.2} % on; over 10 ms {:.2} % off, {:.2} % on; the walsender's CPU {:.3} cores off, {:.3} on",
             off.relay.over(0.0025) * 100.0, on.relay.over(0.0025) * 100.0, off.relay.over(0.005) * 100.0, on.relay.over(0.005) * 100.0,
-            off.relay.over(0.01) * 100.0, on.relay.over(0.01) * 100.0
+            off.relay.over(0.01) * 100.0, on.relay.over(0.01) * 100.0, off.walsender_cores, on.walsender_cores
         );
         windows.push(off);
         windows.push(on);
