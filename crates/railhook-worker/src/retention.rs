@@ -13,8 +13,9 @@
 //!   between [`MIN_BATCH`] and `retention.batch_rows`. After each batch the job rests
 //!   ([`rest_after`]) at least `retention.pause_ms`, long enough to be busy at most
 //!   `retention.max_busy_percent` (10 %) of the time, and long enough to delete at most
-//!   `retention.max_rows_per_second` (3,000) on average, so live traffic goes first: each
-//!   deleted row is WAL the relay's walsender decodes before the live commits after it.
+//!   `retention.max_rows_per_second` (3,000) on average, so live traffic goes first: while
+//!   the job deletes, live announcements wait longer in the relay's walsender, which decodes
+//!   the job's WAL ahead of the live commits after it (docs/BENCHMARKS.md "retention").
 //! - Order of a run: Attempts' daily partitions older than `retention.attempts_days` first
 //!   (dropped whole, `railhook_store::attempts`), then per Project its Events and its
 //!   Incoming Events (with their Attempts only where no partition drop takes them within
