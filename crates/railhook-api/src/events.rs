@@ -7,12 +7,12 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use railhook_core::pattern::{candidate_patterns, EventType};
 use railhook_core::EventId;
-use railhook_store::events::{self, EventFilter, IngestOutcome, NewEvent};
+use railhook_store::events::{self, Caller, EventFilter, IngestOutcome, NewEvent};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{parse_id, ApiJson, Project};
+use crate::extract::{invalid_key, parse_id, ApiJson, ApiKey, Project};
 use crate::pagination::{page, PageParams};
 use crate::AppState;
 #[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
@@ -83,27 +83,21 @@ fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
         (status = 409, description = "Idempotency-Key used with another type or payload", body = crate::error::ErrorBody),
         BodyErrors))]
 pub async fn create(
-    Project(principal): Project,
+    key: ApiKey,
     State(state): State<AppState>,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<CreateEvent>,
+    body: Result<ApiJson<CreateEvent>, ApiError>,
 ) -> ApiResult<Response> {
-    let key = idempotency_key(&headers)?;
-    let event_type = EventType::parse(&body.event_type)
-        .map_err(|e| ApiError::invalid("type", e.to_string()))?;
-    if !body.payload.is_object() {
-        return Err(ApiError::invalid("payload", "payload must be a JSON object"));
-    }
-    let new = NewEvent {
-        project: principal.project_id,
-        event_type: &body.event_type,
-        payload: &body.payload,
-        idempotency_key: key,
-        request_sha256: request_hash(&body.event_type, &body.payload),
-        candidate_patterns: candidate_patterns(&event_type),
+    let new = match validate(&key, &headers, body) {
+        Ok(new) => new,
+        // Any refusal of the request waits for the key's lookup: 401 comes first.
+        Err(refusal) => {
+            key.authenticate(&state).await?;
+            return Err(refusal);
+        }
     };
     let client = state.pool.get().await?;
-    match events::ingest(&client, new).await? {
+    match events::ingest(&client, new.event()).await? {
         IngestOutcome::Created(event) => Ok((StatusCode::CREATED, Json(event)).into_response()),
         IngestOutcome::Replayed(event) => {
             let mut resp = (StatusCode::OK, Json(event)).into_response();
@@ -116,7 +110,39 @@ pub async fn create(
             "this Idempotency-Key was used with a different type or payload",
         )
         .with_field("idempotency-key")),
+        IngestOutcome::Unauthenticated => Err(invalid_key()),
     }
+}
+
+/// A POST checked before it reaches Postgres.
+struct Valid<'a> {
+    key: &'a str,
+    idempotency_key: Option<&'a str>,
+    body: CreateEvent,
+    candidate_patterns: Vec<String>,
+}
+
+impl Valid<'_> {
+    fn event(&self) -> NewEvent<'_> {
+        NewEvent {
+            caller: Caller::ApiKey(self.key),
+            event_type: &self.body.event_type,
+            payload: &self.body.payload,
+            idempotency_key: self.idempotency_key,
+            request_sha256: request_hash(&self.body.event_type, &self.body.payload),
+            candidate_patterns: self.candidate_patterns.clone(),
+        }
+    }
+}
+
+fn validate<'a>(key: &'a ApiKey, headers: &'a HeaderMap, body: Result<ApiJson<CreateEvent>, ApiError>) -> Result<Valid<'a>, ApiError> {
+    let idempotency_key = idempotency_key(headers)?;
+    let ApiJson(body) = body?;
+    let event_type = EventType::parse(&body.event_type).map_err(|e| ApiError::invalid("type", e.to_string()))?;
+    if !body.payload.is_object() {
+        return Err(ApiError::invalid("payload", "payload must be a JSON object"));
+    }
+    Ok(Valid { key: &key.0, idempotency_key, candidate_patterns: candidate_patterns(&event_type), body })
 }
 
 #[derive(Debug, Deserialize)]

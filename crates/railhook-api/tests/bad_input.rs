@@ -74,6 +74,11 @@ async fn malformed_requests_get_precise_errors_and_write_nothing() {
         case("no credentials", "POST", "/v1/events", Auth::None, ev, 401, "unauthorized", None),
         case("unknown key", "POST", "/v1/events", Auth::Raw("Bearer rhk_not-a-key"), ev, 401, "unauthorized", None),
         case("not a bearer", "POST", "/v1/events", Auth::Raw("Basic dXNlcjpwdw=="), ev, 401, "unauthorized", None),
+        // The ingest looks its key up in its own statement; any other refusal waits for the
+        // key's lookup, so an unknown key is still a 401 before the body's error.
+        case("key without the prefix", "POST", "/v1/events", Auth::Raw("Bearer not-a-key"), ev, 401, "unauthorized", None),
+        case("unknown key, invalid json", "POST", "/v1/events", Auth::Raw("Bearer rhk_not-a-key"), "{", 401, "unauthorized", None),
+        case("unknown key, invalid type", "POST", "/v1/events", Auth::Raw("Bearer rhk_not-a-key"), &long_type, 401, "unauthorized", None),
         case("empty bearer", "GET", "/v1/events", Auth::Raw("Bearer "), "", 401, "unauthorized", None),
         case("invalid json", "POST", "/v1/events", Auth::Key, "{", 400, "invalid_json", Some("body")),
         case("trailing bytes", "POST", "/v1/events", Auth::Key, r#"{"type":"a.b","payload":{}} x"#, 400, "invalid_json", Some("body")),

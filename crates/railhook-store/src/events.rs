@@ -22,21 +22,30 @@ use crate::StoreError;
 pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400];
 
 /// Public so the ingest benchmark's pgbench baseline runs the very same statement.
+///
+/// The caller is `$2` (a Project id) or `$9` (the SHA-256 of an API key, looked up here so the
+/// API's POST is one round trip, not an authentication and then an ingest); the other is
+/// NULL. No row comes back when the key is unknown or revoked.
 pub const INGEST_SQL: &str = "
-WITH ev AS (
+WITH who AS (
+    SELECT project_id FROM api_keys WHERE secret_sha256 = $9::bytea AND revoked_at IS NULL
+    UNION ALL
+    SELECT $2::uuid WHERE $2::uuid IS NOT NULL
+),
+ev AS (
     INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256)
-    VALUES ($1, $2, $3, $4, $5, $6)
+    SELECT $1, who.project_id, $3, $4, $5, $6 FROM who
     ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, created_at
+    RETURNING id, project_id, created_at
 ),
 subs AS (
-    SELECT s.id, s.endpoint_id, s.ordering, s.max_attempts, s.timeout_seconds,
+    SELECT s.id, s.project_id, s.endpoint_id, s.ordering, s.max_attempts, s.timeout_seconds,
            COALESCE(s.retry_delays, $8::int[]) AS retry_delays,
            row_number() OVER (PARTITION BY s.endpoint_id, s.ordering ORDER BY s.id) AS nth
-    FROM subscriptions s
+    FROM ev
+    JOIN subscriptions s ON s.project_id = ev.project_id
     JOIN endpoints e ON e.id = s.endpoint_id AND e.enabled
-    WHERE s.project_id = $2 AND s.enabled AND s.event_type_pattern = ANY($7)
-      AND EXISTS (SELECT 1 FROM ev)
+    WHERE s.enabled AND s.event_type_pattern = ANY($7)
 ),
 seq AS (
     -- The row lock serialises ordered ingests per endpoint, so numbers follow commit order;
@@ -49,18 +58,18 @@ seq AS (
 dl AS (
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
                             max_attempts, retry_delays, timeout_seconds, sequence_number)
-    SELECT railhook_uuid_v7(), $2, $1, subs.endpoint_id, subs.id,
+    SELECT railhook_uuid_v7(), subs.project_id, $1, subs.endpoint_id, subs.id,
            subs.max_attempts, subs.retry_delays, subs.timeout_seconds,
            CASE WHEN subs.ordering THEN seq.base + subs.nth END
     FROM subs LEFT JOIN seq ON seq.id = subs.endpoint_id AND subs.ordering
-    RETURNING id, endpoint_id, subscription_id, sequence_number
+    RETURNING id, project_id, endpoint_id, subscription_id, sequence_number
 ),
 ob AS (
     INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-    SELECT $2, dl.id, dl.endpoint_id, 'created' FROM dl
+    SELECT dl.project_id, dl.id, dl.endpoint_id, 'created' FROM dl
 )
-SELECT ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
-FROM ev LEFT JOIN dl ON true
+SELECT who.project_id, ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
+FROM who LEFT JOIN ev ON true LEFT JOIN dl ON true
 ORDER BY dl.id";
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -95,8 +104,17 @@ pub struct Event {
     pub deliveries: Option<Vec<DeliverySummary>>,
 }
 
+/// Who ingests: a Project the caller already knows, or an API key that the ingest statement
+/// itself looks up.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    Project(ProjectId),
+    /// The key's secret as the client sent it.
+    ApiKey(&'a str),
+}
+
 pub struct NewEvent<'a> {
-    pub project: ProjectId,
+    pub caller: Caller<'a>,
     pub event_type: &'a str,
     pub payload: &'a serde_json::Value,
     pub idempotency_key: Option<&'a str>,
@@ -112,32 +130,40 @@ pub enum IngestOutcome {
     Replayed(Event),
     /// The key was used before with a different type or payload.
     KeyReused,
+    /// `Caller::ApiKey` with a key that is unknown or revoked: nothing was written.
+    Unauthenticated,
 }
 
 /// `db` is a pooled client or transaction: the statement is prepared once per connection.
 pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Result<IngestOutcome, StoreError> {
     let id = EventId::new();
     let delays: Vec<i32> = DEFAULT_OUTGOING_DELAYS.to_vec();
+    let (project, key_hash) = match new.caller {
+        Caller::Project(p) => (Some(p.0), None),
+        Caller::ApiKey(secret) if secret.starts_with(crate::tenancy::API_KEY_PREFIX) => (None, Some(crate::tenancy::hash_key(secret))),
+        Caller::ApiKey(_) => return Ok(IngestOutcome::Unauthenticated),
+    };
     let statement = db.prepare_cached(INGEST_SQL).await?;
     let rows = db
         .query(
             &statement,
-            &[&id.0, &new.project.0, &new.event_type, &Json(new.payload), &new.idempotency_key, &new.request_sha256, &new.candidate_patterns, &delays],
+            &[&id.0, &project, &new.event_type, &Json(new.payload), &new.idempotency_key, &new.request_sha256, &new.candidate_patterns, &delays, &key_hash],
         )
         .await?;
-    if let Some(first) = rows.first() {
-        let now = first.get::<_, DateTime<Utc>>(0);
+    let Some(first) = rows.first() else { return Ok(IngestOutcome::Unauthenticated) };
+    let project = ProjectId(first.get(0));
+    if let Some(now) = first.get::<_, Option<DateTime<Utc>>>(1) {
         let deliveries = rows
             .iter()
             .filter_map(|r| {
-                let id: Option<uuid::Uuid> = r.get(1);
+                let id: Option<uuid::Uuid> = r.get(2);
                 id.map(|id| DeliverySummary {
                     id: DeliveryId(id),
-                    endpoint_id: EndpointId(r.get(2)),
-                    subscription_id: r.get::<_, Option<uuid::Uuid>>(3).map(SubscriptionId),
+                    endpoint_id: EndpointId(r.get(3)),
+                    subscription_id: r.get::<_, Option<uuid::Uuid>>(4).map(SubscriptionId),
                     status: DeliveryStatus::Pending,
                     attempt_count: 0,
-                    sequence_number: r.get(4),
+                    sequence_number: r.get(5),
                     next_retry_at: None,
                     created_at: now,
                 })
@@ -151,12 +177,12 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
             deliveries: Some(deliveries),
         }));
     }
-    // No row: the idempotency key exists (the insert waited for its writer to commit).
+    // No Event inserted: the idempotency key exists (the insert waited for its writer to commit).
     let key = new.idempotency_key.unwrap_or_default();
     let row = db
         .query_opt(
             "SELECT id, event_type, created_at, request_sha256 FROM events WHERE project_id = $1 AND idempotency_key = $2",
-            &[&new.project.0, &key],
+            &[&project.0, &key],
         )
         .await?
         .ok_or_else(|| StoreError::Misconfigured("ingest inserted nothing and found no event for its key".into()))?;
@@ -165,7 +191,7 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
         return Ok(IngestOutcome::KeyReused);
     }
     let event_id = EventId(row.get(0));
-    let deliveries = deliveries_of(db, new.project, event_id).await?;
+    let deliveries = deliveries_of(db, project, event_id).await?;
     Ok(IngestOutcome::Replayed(Event {
         id: event_id,
         event_type: row.get(1),

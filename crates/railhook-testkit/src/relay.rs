@@ -219,7 +219,7 @@ impl Fixture {
         let ty = railhook_core::pattern::EventType::parse(event_type).expect("event type");
         let payload = serde_json::json!({"n": Uuid::now_v7().to_string()});
         let new = events::NewEvent {
-            project: self.project,
+            caller: events::Caller::Project(self.project),
             event_type,
             payload: &payload,
             idempotency_key: None,

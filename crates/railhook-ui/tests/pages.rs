@@ -461,7 +461,7 @@ async fn a_deliverys_page_shows_each_attempts_request_headers_escaped() {
     let ty = railhook_core::pattern::EventType::parse("order.paid").unwrap();
     let payload = serde_json::json!({});
     let new = railhook_store::events::NewEvent {
-        project,
+        caller: railhook_store::events::Caller::Project(project),
         event_type: "order.paid",
         payload: &payload,
         idempotency_key: None,
