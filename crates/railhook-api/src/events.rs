@@ -96,6 +96,8 @@ pub async fn create(
             return Err(refusal);
         }
     };
+    // Backpressure: while the workers are behind, wait here (no connection held).
+    state.pacer.hold().await;
     let client = state.pool.get().await?;
     match events::ingest(&client, new.event()).await? {
         IngestOutcome::Created(event) => Ok((StatusCode::CREATED, Json(event)).into_response()),

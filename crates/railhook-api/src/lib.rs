@@ -24,6 +24,7 @@ pub mod forwards;
 pub mod incoming;
 pub mod ingress;
 pub mod openapi;
+pub mod pacing;
 pub mod pagination;
 pub mod replays;
 pub mod schema;
@@ -41,11 +42,13 @@ pub struct AppState {
     /// Resolves Endpoint host names when their URL is checked: the system resolver
     /// ([`AppState::new`]); tests give fixed answers.
     pub resolver: Resolver,
+    /// Ingest pacing ([`pacing`]): off until [`run`] starts it.
+    pub pacer: pacing::Pacer,
 }
 
 impl AppState {
     pub fn new(config: Arc<Config>, pool: Pool, metrics: Metrics) -> AppState {
-        AppState { config, pool, metrics, resolver: railhook_core::address::system_resolver() }
+        AppState { config, pool, metrics, resolver: railhook_core::address::system_resolver(), pacer: pacing::Pacer::off() }
     }
 }
 
@@ -128,8 +131,9 @@ pub fn app(state: AppState) -> Router {
 /// Serves the API on `listener` until `shutdown` is cancelled, with the header and body read
 /// timeouts, the connection cap and the lingering close of `api.*` (see
 /// [`railhook_telemetry::serve_with`]); on shutdown the requests in flight finish first.
-pub async fn run(state: AppState, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn run(mut state: AppState, listener: tokio::net::TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
+    state.pacer = pacing::Pacer::start(&state.config.api, &state.config.database.url, &state.metrics, &shutdown);
     let limits = ServerLimits::from_api(&state.config.api);
     tracing::info!(%addr, max_connections = limits.max_connections, "api listening");
     railhook_telemetry::serve_with(listener, app(state), limits, shutdown).await

@@ -104,6 +104,19 @@ pub struct ApiConfig {
     pub linger_max_bytes: u64,
     /// Grace period during which a rotated-out endpoint secret still signs deliveries.
     pub secret_rotation_grace_seconds: u64,
+    /// Ingest pacing (backpressure): while the workers report that a new Delivery would wait
+    /// longer than `ingest_hold_above_ms` for work that is theirs to do (claims slowed by
+    /// their own load, not by a slow Endpoint or a limit), `POST /v1/events` waits before
+    /// its statement, until the wait falls back or `ingest_max_hold_ms` passed; then it runs
+    /// anyway. Nothing is refused and nothing accepted is touched.
+    pub ingest_pacing: bool,
+    /// The workers' predicted delivery wait above which a POST is held.
+    pub ingest_hold_above_ms: u64,
+    /// The longest a POST is held; then it is accepted whatever the wait.
+    pub ingest_max_hold_ms: u64,
+    /// A predicted wait above this is a backlog no hold can help (the catch-up after an
+    /// outage): POSTs are then not held, so ingest absorbs at full speed as without pacing.
+    pub ingest_hold_ignore_above_ms: u64,
 }
 
 /// The incoming direction's ingress, `POST /ingress/{token}` (served by the API).
@@ -385,6 +398,10 @@ impl Default for ApiConfig {
             linger_timeout_ms: 5_000,
             linger_max_bytes: 4 * 1024 * 1024,
             secret_rotation_grace_seconds: 24 * 3600,
+            ingest_pacing: true,
+            ingest_hold_above_ms: 250,
+            ingest_max_hold_ms: 1_000,
+            ingest_hold_ignore_above_ms: 30_000,
         }
     }
 }
@@ -576,6 +593,15 @@ impl Config {
         }
         if self.api.linger_timeout_ms > 600_000 {
             problems.push(format!("api.linger_timeout_ms is {}: it must be between 0 (no lingering) and 600000 (5000 is the default)", self.api.linger_timeout_ms));
+        }
+        if self.api.ingest_pacing && self.api.ingest_hold_above_ms >= self.api.ingest_hold_ignore_above_ms {
+            problems.push(format!(
+                "api.ingest_hold_above_ms ({}) must be below api.ingest_hold_ignore_above_ms ({}), or set api.ingest_pacing = false",
+                self.api.ingest_hold_above_ms, self.api.ingest_hold_ignore_above_ms
+            ));
+        }
+        if self.api.ingest_max_hold_ms > 60_000 {
+            problems.push(format!("api.ingest_max_hold_ms is {}: it must be at most 60000 (1000 is the default)", self.api.ingest_max_hold_ms));
         }
         if self.api.linger_max_bytes > 1 << 40 {
             problems.push(format!("api.linger_max_bytes is {}: it must be between 0 (no lingering) and 1099511627776 (4194304 is the default)", self.api.linger_max_bytes));

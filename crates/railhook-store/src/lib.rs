@@ -10,6 +10,7 @@ pub mod incoming;
 pub mod lifecycle;
 pub mod locks;
 pub mod migrate;
+pub mod pacing;
 pub mod pool;
 pub mod replays;
 pub mod retention;
@@ -26,6 +27,8 @@ pub use pool::{build_pool, build_pool_as, connect_pool, connect_pool_as, Pool};
 /// The `application_name` of each component's Postgres connections (`pg_stat_activity`).
 pub mod application {
     pub const API: &str = "railhook-api";
+    /// The API's one `LISTEN` connection for ingest pacing ([`crate::pacing`]).
+    pub const API_PACING: &str = "railhook-api-pacing";
     pub const RELAY: &str = "railhook-relay";
     pub const WORKER: &str = "railhook-worker";
     pub const CLI: &str = "railhook-cli";

@@ -78,9 +78,12 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     // The incoming direction: its own consume loop (crate::forwards). The two consumers stop
     // together: a Forwards consumer that stops on an error stops the Deliveries' (drained as
     // at shutdown) and the worker, so a supervisor sees it, as it would for the Deliveries'.
+    // Ingest pacing's signal: the consume loop measures, this task tells the API processes.
+    let (wait_tx, wait_rx) = tokio::sync::watch::channel(Duration::ZERO);
+    jobs.spawn(pacing_loop(runner.pool.clone(), wait_rx, background.clone()));
     let consumers = shutdown.child_token();
     let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), consumers.clone()));
-    let outgoing = consume(&config, &topic, runner, consumers.clone());
+    let outgoing = consume(&config, &topic, runner, wait_tx, consumers.clone());
     tokio::pin!(outgoing);
     let result = tokio::select! {
         result = &mut outgoing => {
@@ -164,7 +167,8 @@ enum TaskEvent {
     /// The claim step of this message is over: its offset may be stored.
     Claimed { partition: i32, offset: i64 },
     /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
-    Sent { endpoint: EndpointId },
+    /// `claim`: from the slot's start to the claim's answer; `request`: from there on.
+    Sent { endpoint: EndpointId, claim: Duration, request: Duration },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
     /// `slot_freed`: `Sent` was told, so the Endpoint's slot is free already.
@@ -204,8 +208,9 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
-            TaskEvent::Sent { endpoint } => {
+            TaskEvent::Sent { endpoint, claim, request } => {
                 let now = tokio::time::Instant::now();
+                self.queues.timed(endpoint, claim, request);
                 for endpoint in self.queues.finished(endpoint, None, now) {
                     self.pump(endpoint, now);
                 }
@@ -260,7 +265,7 @@ impl Consuming<'_> {
     }
 }
 
-async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<Duration>, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let consumer = subscribe(config, topic)?;
     tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
     let max = config.worker.max_in_flight;
@@ -279,6 +284,8 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
         tasks: JoinSet::new(),
         hard_stop: CancellationToken::new(),
     };
+    let mut measure = tokio::time::interval(PACING_INTERVAL);
+    measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         // Permits freed since (a task ended): what waited for one goes before new messages.
         c.serve_backlog();
@@ -288,6 +295,11 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, shutdown: Ca
             _ = shutdown.cancelled() => break,
             Some(event) = events_rx.recv() => c.event(event),
             Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
+            _ = measure.tick() => {
+                let w = c.queues.delivery_wait();
+                c.runner.metrics.delivery_wait.set(w.as_secs_f64());
+                wait.send_replace(w);
+            }
             _ = tokio::time::sleep_until(wakeup.unwrap_or_else(tokio::time::Instant::now)), if wakeup.is_some() => {
                 let now = tokio::time::Instant::now();
                 for endpoint in c.queues.woken(now) {
@@ -318,8 +330,12 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     runner.metrics.in_flight.inc();
     let queues::Start { endpoint, queued, mode } = start;
     let delivery = queued.hint.delivery;
+    let started = std::time::Instant::now();
+    let claimed_at = std::sync::OnceLock::new();
+    let claimed_at_ref = &claimed_at;
     let claimed_events = events.clone();
     let notify = move || {
+        let _ = claimed_at_ref.set(std::time::Instant::now());
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
         if let Some((partition, offset)) = queued.place {
@@ -331,7 +347,9 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     let slot_freed = std::sync::atomic::AtomicBool::new(false);
     let sent_events = events.clone();
     let sent = || {
-        if sent_events.try_send(TaskEvent::Sent { endpoint }).is_ok() {
+        let now = std::time::Instant::now();
+        let claimed = claimed_at.get().copied().unwrap_or(now);
+        if sent_events.try_send(TaskEvent::Sent { endpoint, claim: claimed - started, request: now - claimed }).is_ok() {
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
@@ -382,6 +400,37 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
     }
     while let Ok(event) = events.try_recv() {
         record(event, offsets);
+    }
+}
+
+/// How often the consume loop measures its delivery wait and the pacing loop reports it.
+const PACING_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Reports this worker's delivery wait to the API processes (ingest pacing,
+/// `railhook_store::pacing`) every [`PACING_INTERVAL`] while it is above zero, and once when
+/// it falls back to zero. A failed report is skipped: the next follows.
+async fn pacing_loop(pool: railhook_store::Pool, wait: tokio::sync::watch::Receiver<Duration>, shutdown: CancellationToken) {
+    let instance = uuid::Uuid::new_v4().simple().to_string();
+    let mut last = Duration::ZERO;
+    let mut every = tokio::time::interval(PACING_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let now = *wait.borrow();
+        if now.is_zero() && last.is_zero() {
+            continue;
+        }
+        let reported = match pool.get().await {
+            Ok(client) => railhook_store::pacing::publish(&client, &instance, now).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match reported {
+            Ok(()) => last = now,
+            Err(e) => tracing::debug!(error = %e, "pacing report failed"),
+        }
     }
 }
 

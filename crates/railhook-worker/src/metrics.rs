@@ -46,6 +46,8 @@ pub struct WorkerMetrics {
     pub finalise_batch_size: Histogram,
     pub queue_depth: IntGauge,
     pub oldest_pending_age: prometheus::Gauge,
+    /// Ingest pacing's signal (`queues::EndpointQueues::delivery_wait`).
+    pub delivery_wait: prometheus::Gauge,
     /// The incoming direction's Attempts (`crate::forwards`).
     pub forwards: crate::forwards::ForwardMetrics,
     /// The retention job's (`crate::retention`).
@@ -99,6 +101,7 @@ impl WorkerMetrics {
             .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
+            delivery_wait: prometheus::Gauge::new("railhook_worker_delivery_wait_seconds", "How long a new Delivery would wait for its claim in this worker's queues that wait on the worker itself (ingest pacing's signal).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
             forwards: crate::forwards::ForwardMetrics::new(),
             retention: crate::retention::RetentionMetrics::new(),
@@ -130,6 +133,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;
         registry.register(Box::new(self.oldest_pending_age.clone()))?;
+        registry.register(Box::new(self.delivery_wait.clone()))?;
         self.forwards.register(registry)?;
         self.retention.register(registry)?;
         Ok(())

@@ -108,6 +108,11 @@ struct Endpoint {
     busy_since: Option<Instant>,
     /// The next pause after a `Busy` (doubles, reset by a claim that was not busy).
     backoff: Duration,
+    /// Recent Attempts' time from the slot's start to the claim's answer (the worker's own
+    /// share: the claim's batch, Postgres) and from there to the request's end (the
+    /// Endpoint's share), moving averages in seconds ([`EndpointQueues::timed`]).
+    claim_s: f64,
+    request_s: f64,
 }
 
 impl Endpoint {
@@ -115,6 +120,10 @@ impl Endpoint {
         self.running == 0 && self.waiting.is_empty() && self.paused_until.is_none() && !self.in_backlog
     }
 }
+
+/// The weight of the latest Attempt in an Endpoint's moving averages of claim and request
+/// time (about the last ten Attempts count).
+const EWMA_WEIGHT: f64 = 0.2;
 
 /// The shortest and longest pause after a `Busy` claim.
 const BUSY_PAUSE_MIN: Duration = Duration::from_millis(5);
@@ -145,6 +154,44 @@ impl EndpointQueues {
             backlog: VecDeque::new(),
             project_blocked: VecDeque::new(),
         }
+    }
+
+    /// An Attempt of `endpoint` told its request ended (`TaskEvent::Sent`): `claim` from its
+    /// slot's start to the claim's answer, `request` from there to the request's end.
+    pub fn timed(&mut self, endpoint: EndpointId, claim: Duration, request: Duration) {
+        let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
+        let (claim, request) = (claim.as_secs_f64(), request.as_secs_f64());
+        if e.claim_s == 0.0 && e.request_s == 0.0 {
+            (e.claim_s, e.request_s) = (claim, request);
+        } else {
+            e.claim_s += EWMA_WEIGHT * (claim - e.claim_s);
+            e.request_s += EWMA_WEIGHT * (request - e.request_s);
+        }
+    }
+
+    /// How long a hint queued now would wait for its slot, for the Endpoints that wait on
+    /// this worker rather than on themselves; the largest of them. Ingest pacing's signal
+    /// (`railhook_store::pacing`).
+    ///
+    /// An Endpoint counts when its queue is not paused by a `Busy` claim (another worker, the
+    /// project's concurrency or a rate window: limits, not load) and its Attempts spend at
+    /// least as long getting their claim as in their request: then its slots turn over at
+    /// the pace of this worker's claims, and a queue there means Railhook is behind. A slow
+    /// Endpoint, whose slots are held by its own requests, never counts: one slow customer
+    /// must not slow every producer down. Its wait is (hints waiting) x (claim + request) /
+    /// (its slots).
+    pub fn delivery_wait(&self) -> Duration {
+        let slots = |e: &Endpoint| match self.limits.running_per_endpoint {
+            0 => e.running.max(1),
+            n => n,
+        };
+        let wait = self
+            .endpoints
+            .values()
+            .filter(|e| !e.waiting.is_empty() && e.busy_since.is_none() && e.paused_until.is_none() && e.claim_s >= e.request_s)
+            .map(|e| e.waiting.len() as f64 * (e.claim_s + e.request_s) / slots(e) as f64)
+            .fold(0.0, f64::max);
+        Duration::from_secs_f64(wait.min(86_400.0))
     }
 
     /// Hints waiting in all.
@@ -427,6 +474,47 @@ mod tests {
         assert_eq!(pump, vec![c, a], "c's slot freed: a, blocked first, tries first");
         assert_eq!(q.ready(a, 10, now).len(), 1);
         assert!(q.ready(b, 10, now).is_empty(), "b waits for the next slot");
+    }
+
+    /// Ingest pacing's signal: a queue behind this worker's own claims counts, a queue behind
+    /// a slow Endpoint's requests does not, nor one paused on a limit.
+    #[test]
+    fn the_delivery_wait_counts_queues_behind_the_workers_claims_only() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let (fast, slow, limited) = (EndpointId::new(), EndpointId::new(), EndpointId::new());
+        let mut q = EndpointQueues::new(limits(10, 10_000, 100_000));
+        assert_eq!(q.delivery_wait(), Duration::ZERO, "nothing queued");
+        for o in 0..1_010 {
+            q.offer(fast, hint(o), now);
+            q.offer(slow, hint(o), now);
+            q.offer(limited, hint(o), now);
+        }
+        // Claims that took 27 ms (a loaded claimer), requests of 3 ms: 1,000 waiting behind 10
+        // slots turning over every 30 ms is 3 s.
+        q.timed(fast, ms(27), ms(3));
+        // A slow Endpoint: 2 ms claims, 500 ms requests.
+        q.timed(slow, ms(2), ms(500));
+        assert_eq!(q.delivery_wait().as_millis(), 3_000);
+        // The moving average follows later Attempts.
+        for _ in 0..50 {
+            q.timed(fast, ms(9), ms(1));
+        }
+        let wait = q.delivery_wait().as_millis();
+        assert!((990..=1_010).contains(&wait), "{wait}");
+        // An Endpoint paused on a limit does not count, however long its queue.
+        q.timed(limited, ms(500), ms(1));
+        let first = q.ready(limited, 0, now);
+        assert!(first.is_empty());
+        let running = q.offer(EndpointId::new(), hint(0), now).unwrap();
+        q.finished(limited, Some((running.queued, BusyOn::RateWindow(ms(900)))), now);
+        let wait = q.delivery_wait().as_millis();
+        assert!((990..=1_010).contains(&wait), "the limited Endpoint's 50 s does not count: {wait}");
+        // Once the fast Endpoint's requests outlast its claims, its queue is its own.
+        for _ in 0..50 {
+            q.timed(fast, ms(1), ms(40));
+        }
+        assert_eq!(q.delivery_wait(), Duration::ZERO);
     }
 
     #[test]
