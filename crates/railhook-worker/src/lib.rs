@@ -293,13 +293,15 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio:
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            Some(event) = events_rx.recv() => c.event(event),
-            Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
+            // Before the task events: under load those are always ready, and the measure
+            // would starve behind them.
             _ = measure.tick() => {
-                let w = c.queues.delivery_wait();
+                let w = c.queues.measure(tokio::time::Instant::now());
                 c.runner.metrics.delivery_wait.set(w.as_secs_f64());
                 wait.send_replace(w);
             }
+            Some(event) = events_rx.recv() => c.event(event),
+            Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
             _ = tokio::time::sleep_until(wakeup.unwrap_or_else(tokio::time::Instant::now)), if wakeup.is_some() => {
                 let now = tokio::time::Instant::now();
                 for endpoint in c.queues.woken(now) {
@@ -403,23 +405,22 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
     }
 }
 
-/// How often the consume loop measures its delivery wait and the pacing loop reports it.
-const PACING_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the consume loop measures its delivery wait (the pacing loop reports each).
+const PACING_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Reports this worker's delivery wait to the API processes (ingest pacing,
-/// `railhook_store::pacing`) every [`PACING_INTERVAL`] while it is above zero, and once when
-/// it falls back to zero. A failed report is skipped: the next follows.
-async fn pacing_loop(pool: railhook_store::Pool, wait: tokio::sync::watch::Receiver<Duration>, shutdown: CancellationToken) {
+/// `railhook_store::pacing`) as the consume loop measures it (every [`PACING_INTERVAL`])
+/// while it is above zero, and once when it falls back to zero. A failed report is skipped:
+/// the next follows.
+async fn pacing_loop(pool: railhook_store::Pool, mut wait: tokio::sync::watch::Receiver<Duration>, shutdown: CancellationToken) {
     let instance = uuid::Uuid::new_v4().simple().to_string();
     let mut last = Duration::ZERO;
-    let mut every = tokio::time::interval(PACING_INTERVAL);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = every.tick() => {}
+            changed = wait.changed() => if changed.is_err() { return },
         }
-        let now = *wait.borrow();
+        let now = *wait.borrow_and_update();
         if now.is_zero() && last.is_zero() {
             continue;
         }

@@ -101,7 +101,8 @@ struct Endpoint {
     running: usize,
     /// Listed in the backlog: runnable, waiting only for a free permit.
     in_backlog: bool,
-    waiting: VecDeque<Queued>,
+    /// With the moment each began to wait here.
+    waiting: VecDeque<(Queued, Instant)>,
     /// Paused after a `Busy` claim until then.
     paused_until: Option<Instant>,
     /// Since when its claims have come back `Busy` without a claim in between.
@@ -113,6 +114,10 @@ struct Endpoint {
     /// Endpoint's share), moving averages in seconds ([`EndpointQueues::timed`]).
     claim_s: f64,
     request_s: f64,
+    /// Requests ended since the last [`EndpointQueues::measure`], and the rate at which they
+    /// end (per second, a moving average of the measures): how fast its queue drains.
+    sent: u32,
+    drain_per_s: f64,
 }
 
 impl Endpoint {
@@ -124,6 +129,10 @@ impl Endpoint {
 /// The weight of the latest Attempt in an Endpoint's moving averages of claim and request
 /// time (about the last ten Attempts count).
 const EWMA_WEIGHT: f64 = 0.2;
+
+/// The weight of the latest measure in an Endpoint's drain rate (measures every 100 ms: about
+/// the last half second counts).
+const DRAIN_WEIGHT: f64 = 0.3;
 
 /// The shortest and longest pause after a `Busy` claim.
 const BUSY_PAUSE_MIN: Duration = Duration::from_millis(5);
@@ -142,6 +151,8 @@ pub struct EndpointQueues {
     /// Endpoints paused on their project's concurrency: one is let try again each time an
     /// Attempt of this worker finishes (a timer also wakes them, should nothing finish).
     project_blocked: VecDeque<EndpointId>,
+    /// The last [`Self::measure`].
+    measured: Option<Instant>,
 }
 
 impl EndpointQueues {
@@ -153,6 +164,7 @@ impl EndpointQueues {
             wakeups: BinaryHeap::new(),
             backlog: VecDeque::new(),
             project_blocked: VecDeque::new(),
+            measured: None,
         }
     }
 
@@ -160,6 +172,7 @@ impl EndpointQueues {
     /// slot's start to the claim's answer, `request` from there to the request's end.
     pub fn timed(&mut self, endpoint: EndpointId, claim: Duration, request: Duration) {
         let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
+        e.sent += 1;
         let (claim, request) = (claim.as_secs_f64(), request.as_secs_f64());
         if e.claim_s == 0.0 && e.request_s == 0.0 {
             (e.claim_s, e.request_s) = (claim, request);
@@ -171,26 +184,36 @@ impl EndpointQueues {
 
     /// How long a hint queued now would wait for its slot, for the Endpoints that wait on
     /// this worker rather than on themselves; the largest of them. Ingest pacing's signal
-    /// (`railhook_store::pacing`).
+    /// (`railhook_store::pacing`), measured by the consume loop every few tens of ms.
     ///
     /// An Endpoint counts when its queue is not paused by a `Busy` claim (another worker, the
-    /// project's concurrency or a rate window: limits, not load) and its Attempts spend at
-    /// least as long getting their claim as in their request: then its slots turn over at
-    /// the pace of this worker's claims, and a queue there means Railhook is behind. A slow
-    /// Endpoint, whose slots are held by its own requests, never counts: one slow customer
-    /// must not slow every producer down. Its wait is (hints waiting) x (claim + request) /
-    /// (its slots).
-    pub fn delivery_wait(&self) -> Duration {
-        let slots = |e: &Endpoint| match self.limits.running_per_endpoint {
-            0 => e.running.max(1),
-            n => n,
-        };
-        let wait = self
-            .endpoints
-            .values()
-            .filter(|e| !e.waiting.is_empty() && e.busy_since.is_none() && e.paused_until.is_none() && e.claim_s >= e.request_s)
-            .map(|e| e.waiting.len() as f64 * (e.claim_s + e.request_s) / slots(e) as f64)
-            .fold(0.0, f64::max);
+    /// project's concurrency or a rate window: limits, not load), some of its requests ended
+    /// since the last measure (an Endpoint not heard from yet, or whose slots all hang in
+    /// long requests, does not count), and its Attempts spend at least as long getting their
+    /// claim as in their request (moving averages of both durations): then its slots turn
+    /// over at the pace of this worker's claims, and a queue there means Railhook is behind.
+    /// A slow Endpoint, whose slots are held by its own requests, never counts: one slow
+    /// customer must not slow every producer down. Its wait is (hints waiting) / (the rate
+    /// its requests end, a moving average), and at least as long as its first hint has
+    /// waited already.
+    pub fn measure(&mut self, now: Instant) -> Duration {
+        let secs = self.measured.map_or(0.0, |at| now.duration_since(at).as_secs_f64()).max(1e-3);
+        self.measured = Some(now);
+        let mut wait = 0.0f64;
+        for e in self.endpoints.values_mut() {
+            let sent = std::mem::take(&mut e.sent);
+            let rate = f64::from(sent) / secs;
+            e.drain_per_s = if e.drain_per_s == 0.0 { rate } else { e.drain_per_s + DRAIN_WEIGHT * (rate - e.drain_per_s) };
+            // Only while its requests end (not an Endpoint not heard from yet, nor one whose
+            // slots all hang in requests) and its slots spend at least as long waiting for
+            // claims as in its requests.
+            let own = sent > 0 && e.claim_s >= e.request_s && e.drain_per_s > 0.0;
+            if e.waiting.is_empty() || e.busy_since.is_some() || e.paused_until.is_some() || !own {
+                continue;
+            }
+            let head = e.waiting.front().map_or(0.0, |(_, since)| now.duration_since(*since).as_secs_f64());
+            wait = wait.max(e.waiting.len() as f64 / e.drain_per_s).max(head);
+        }
         Duration::from_secs_f64(wait.min(86_400.0))
     }
 
@@ -218,7 +241,7 @@ impl EndpointQueues {
             e.running += 1;
             return Some(Start { endpoint, queued, mode: ClaimMode::Defer });
         }
-        e.waiting.push_back(queued);
+        e.waiting.push_back((queued, now));
         self.waiting += 1;
         None
     }
@@ -233,7 +256,7 @@ impl EndpointQueues {
         e.running = e.running.saturating_sub(1);
         match busy {
             Some((queued, on)) => {
-                e.waiting.push_front(queued);
+                e.waiting.push_front((queued, now));
                 self.waiting += 1;
                 e.busy_since.get_or_insert(now);
                 e.backoff = (e.backoff * 2).clamp(BUSY_PAUSE_MIN, BUSY_PAUSE_MAX);
@@ -292,7 +315,7 @@ impl EndpointQueues {
         let mut out = Vec::new();
         let Some(e) = self.endpoints.get_mut(&endpoint) else { return out };
         while out.len() < budget && Self::may_run(&limits, e, now) {
-            let Some(queued) = e.waiting.pop_front() else { break };
+            let Some((queued, _)) = e.waiting.pop_front() else { break };
             self.waiting -= 1;
             e.running += 1;
             out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
@@ -476,45 +499,60 @@ mod tests {
         assert!(q.ready(b, 10, now).is_empty(), "b waits for the next slot");
     }
 
+    /// One 100 ms window of an Endpoint in steady state: `n` requests end (each after `claim`
+    /// and `request`), as many waiting hints start and as many new ones queue.
+    fn window(q: &mut EndpointQueues, e: EndpointId, n: usize, claim: Duration, request: Duration, at: Instant) {
+        for o in 0..n {
+            q.timed(e, claim, request);
+            q.finished(e, None, at);
+            assert_eq!(q.ready(e, 1, at).len(), 1);
+            assert!(q.offer(e, hint(o as i64), at).is_none());
+        }
+    }
+
     /// Ingest pacing's signal: a queue behind this worker's own claims counts, a queue behind
     /// a slow Endpoint's requests does not, nor one paused on a limit.
     #[test]
     fn the_delivery_wait_counts_queues_behind_the_workers_claims_only() {
-        let now = Instant::now();
+        let t0 = Instant::now();
         let ms = Duration::from_millis;
+        let tenth = |k: u32| t0 + ms(100) * k;
         let (fast, slow, limited) = (EndpointId::new(), EndpointId::new(), EndpointId::new());
         let mut q = EndpointQueues::new(limits(10, 10_000, 100_000));
-        assert_eq!(q.delivery_wait(), Duration::ZERO, "nothing queued");
+        assert_eq!(q.measure(t0), Duration::ZERO, "nothing queued");
         for o in 0..1_010 {
-            q.offer(fast, hint(o), now);
-            q.offer(slow, hint(o), now);
-            q.offer(limited, hint(o), now);
+            q.offer(fast, hint(o), t0);
+            q.offer(slow, hint(o), t0);
+            q.offer(limited, hint(o), t0);
         }
-        // Claims that took 27 ms (a loaded claimer), requests of 3 ms: 1,000 waiting behind 10
-        // slots turning over every 30 ms is 3 s.
-        q.timed(fast, ms(27), ms(3));
-        // A slow Endpoint: 2 ms claims, 500 ms requests.
-        q.timed(slow, ms(2), ms(500));
-        assert_eq!(q.delivery_wait().as_millis(), 3_000);
-        // The moving average follows later Attempts.
-        for _ in 0..50 {
-            q.timed(fast, ms(9), ms(1));
+        // Before any request ended: not counted (an Endpoint not heard from yet).
+        assert_eq!(q.measure(tenth(1)), Duration::ZERO);
+        // Then (waiting) / (the rate requests end): 50 per 100 ms, 500/s, is 2 s for 1,000.
+        // Claims of 9 ms (a loaded claimer), requests of 1 ms.
+        let mut wait = Duration::ZERO;
+        for k in 2..40 {
+            window(&mut q, fast, 50, ms(9), ms(1), tenth(k));
+            // A slow Endpoint: 2 ms claims, 500 ms requests, 2 ending per 100 ms.
+            window(&mut q, slow, 2, ms(2), ms(500), tenth(k));
+            wait = q.measure(tenth(k));
         }
-        let wait = q.delivery_wait().as_millis();
-        assert!((990..=1_010).contains(&wait), "{wait}");
+        assert!((1_990..=2_010).contains(&wait.as_millis()), "the fast Endpoint's 2 s, not the slow one's 50 s: {wait:?}");
+        // No request of it ended since the last measure: its slots hang (a stalled Endpoint
+        // that was fast until now), so its queue does not count.
+        assert_eq!(q.measure(tenth(39) + ms(50)), Duration::ZERO);
         // An Endpoint paused on a limit does not count, however long its queue.
         q.timed(limited, ms(500), ms(1));
-        let first = q.ready(limited, 0, now);
-        assert!(first.is_empty());
-        let running = q.offer(EndpointId::new(), hint(0), now).unwrap();
-        q.finished(limited, Some((running.queued, BusyOn::RateWindow(ms(900)))), now);
-        let wait = q.delivery_wait().as_millis();
-        assert!((990..=1_010).contains(&wait), "the limited Endpoint's 50 s does not count: {wait}");
+        let running = q.offer(EndpointId::new(), hint(0), t0).unwrap();
+        q.finished(limited, Some((running.queued, BusyOn::RateWindow(ms(900)))), tenth(40));
+        window(&mut q, fast, 50, ms(9), ms(1), tenth(40));
+        let wait = q.measure(tenth(40)).as_millis();
+        assert!((1_500..=2_500).contains(&wait), "the limited Endpoint (50 s) does not count: {wait}");
         // Once the fast Endpoint's requests outlast its claims, its queue is its own.
-        for _ in 0..50 {
-            q.timed(fast, ms(1), ms(40));
+        for k in 41..60 {
+            window(&mut q, fast, 50, ms(1), ms(40), tenth(k));
+            window(&mut q, slow, 2, ms(2), ms(500), tenth(k));
         }
-        assert_eq!(q.delivery_wait(), Duration::ZERO);
+        assert_eq!(q.measure(tenth(60)), Duration::ZERO);
     }
 
     #[test]

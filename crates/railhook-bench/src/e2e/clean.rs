@@ -186,6 +186,9 @@ struct Figures {
     claims_busy: f64,
     /// The most hints seen waiting in the worker's per-Endpoint queues during the load.
     queue_waiting_peak: f64,
+    /// POSTs held by ingest pacing, and their holds' mean (s).
+    ingest_held: f64,
+    ingest_held_mean_s: f64,
 }
 
 impl Figures {
@@ -206,7 +209,8 @@ impl Figures {
             "accepted_per_s": self.accepted_per_s, "deliveries_per_s": self.deliveries_per_s,
             "phase_s": self.phase_s, "waited_after_last_201_s": self.waited_after_last_201_s,
             "latency_201_to_arrival": json(&self.latency), "cpu_cores": self.cpu, "worker": self.worker,
-            "worker_queue_waiting_peak": self.queue_waiting_peak, "targets_met": self.met(),
+            "worker_queue_waiting_peak": self.queue_waiting_peak,
+            "api_ingest_held": self.ingest_held, "api_ingest_held_mean_s": self.ingest_held_mean_s, "targets_met": self.met(),
         })
     }
 
@@ -297,8 +301,8 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
     for load in spec.loads {
         let f = measure(&mut stack, &rx, load).await?;
         println!(
-            "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, worker {}",
-            load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.worker
+            "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, accepted {:.0}/s, {} POSTs held by ingest pacing (mean {:.0} ms), worker {}",
+            load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.accepted_per_s, f.ingest_held, f.ingest_held_mean_s * 1000.0, f.worker
         );
         let missed = !f.met();
         out.push(f);
@@ -316,6 +320,7 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
 async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyhow::Result<Figures> {
     let plan = Plan { count: load.count, ..super::plan(stack, stack.api_addr, load.rate, load.duration, one_type(EVENT_TYPE)) };
     let (cpu0, counters0, dup0) = (cpu_snapshot(stack), worker_counters(stack).await?, rx.duplicates.load(Ordering::Relaxed));
+    let held0 = ingest_held(stack).await;
     let queue = QueuePeak::start(stack);
     let start = Instant::now();
     let sent = load::run(&plan).await?;
@@ -327,6 +332,8 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
     let cpu = cpu_delta(stack, &cpu0, start.elapsed().as_secs_f64());
     let worker = counters_delta(&counters0, &worker_counters(stack).await?);
     let queue_waiting_peak = queue.finish().await;
+    let held1 = ingest_held(stack).await;
+    let ingest_held_n = held1.0 - held0.0;
     let first = sent.iter().map(|s| s.started).min().unwrap_or(start);
     let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
     let last = arrivals.iter().flatten().max().copied().unwrap_or(last_201);
@@ -347,9 +354,19 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
         deferrals: total(&worker, "deferrals"),
         claims_busy: total(&worker, "claims_busy"),
         queue_waiting_peak,
+        ingest_held: ingest_held_n,
+        ingest_held_mean_s: if ingest_held_n > 0.0 { (held1.1 - held0.1) / ingest_held_n } else { 0.0 },
         cpu,
         worker,
     })
+}
+
+/// The API's ingest pacing counters: POSTs held and their seconds held in all (zeros when
+/// pacing is off or the metrics cannot be read).
+async fn ingest_held(stack: &Stack) -> (f64, f64) {
+    let text = get_text(&format!("http://{}/metrics", stack.api_addr)).await.unwrap_or_default();
+    let read = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok()).unwrap_or(0.0);
+    (read("railhook_api_ingest_held_total"), read("railhook_api_ingest_held_seconds_sum"))
 }
 
 /// The peak of the worker's `railhook_worker_queue_waiting` gauge, sampled every 200 ms.
