@@ -167,8 +167,7 @@ enum TaskEvent {
     /// The claim step of this message is over: its offset may be stored.
     Claimed { partition: i32, offset: i64 },
     /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
-    /// `claim`: from the slot's start to the claim's answer; `request`: from there on.
-    Sent { endpoint: EndpointId, claim: Duration, request: Duration },
+    Sent { endpoint: EndpointId },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
     /// `slot_freed`: `Sent` was told, so the Endpoint's slot is free already.
@@ -208,9 +207,9 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
-            TaskEvent::Sent { endpoint, claim, request } => {
+            TaskEvent::Sent { endpoint } => {
                 let now = tokio::time::Instant::now();
-                self.queues.timed(endpoint, claim, request);
+                self.queues.sent(endpoint);
                 for endpoint in self.queues.finished(endpoint, None, now) {
                     self.pump(endpoint, now);
                 }
@@ -330,14 +329,22 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio:
 /// One hint's task: its claim and Attempt, under a permit of `worker.max_in_flight`.
 async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
     runner.metrics.in_flight.inc();
-    let queues::Start { endpoint, queued, mode } = start;
+    let queues::Start { endpoint, queued, mode, past_claim } = start;
     let delivery = queued.hint.delivery;
-    let started = std::time::Instant::now();
-    let claimed_at = std::sync::OnceLock::new();
-    let claimed_at_ref = &claimed_at;
+    // Counted among the Endpoint's slots past their claim from the claim's end to the
+    // request's (ingest pacing's signal, `queues::EndpointQueues::measure`).
+    let counted = std::sync::atomic::AtomicBool::new(false);
+    let (counted_ref, past_claim_ref) = (&counted, &past_claim);
+    let leave = || {
+        if counted_ref.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            past_claim_ref.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
     let claimed_events = events.clone();
     let notify = move || {
-        let _ = claimed_at_ref.set(std::time::Instant::now());
+        if !counted_ref.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            past_claim_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
         if let Some((partition, offset)) = queued.place {
@@ -349,9 +356,8 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     let slot_freed = std::sync::atomic::AtomicBool::new(false);
     let sent_events = events.clone();
     let sent = || {
-        let now = std::time::Instant::now();
-        let claimed = claimed_at.get().copied().unwrap_or(now);
-        if sent_events.try_send(TaskEvent::Sent { endpoint, claim: claimed - started, request: now - claimed }).is_ok() {
+        leave();
+        if sent_events.try_send(TaskEvent::Sent { endpoint }).is_ok() {
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
@@ -368,6 +374,7 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
             (None, None)
         }
     };
+    leave();
     runner.metrics.in_flight.dec();
     // The permit goes back before the loop hears of the end, so that the Endpoint's next hint
     // can start at once.

@@ -28,6 +28,8 @@
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::cmp::Reverse;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use railhook_core::EndpointId;
@@ -77,11 +79,14 @@ pub struct Queued {
 }
 
 /// A hint to run now, in this claim mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Start {
     pub endpoint: EndpointId,
     pub queued: Queued,
     pub mode: ClaimMode,
+    /// The Endpoint's slots past their claim (in their request): the task adds itself once
+    /// its claim step is over and leaves when its request ended (or the task ended).
+    pub past_claim: Arc<AtomicUsize>,
 }
 
 /// What a `Busy` claim found taken, and so what the Endpoint waits for.
@@ -109,11 +114,8 @@ struct Endpoint {
     busy_since: Option<Instant>,
     /// The next pause after a `Busy` (doubles, reset by a claim that was not busy).
     backoff: Duration,
-    /// Recent Attempts' time from the slot's start to the claim's answer (the worker's own
-    /// share: the claim's batch, Postgres) and from there to the request's end (the
-    /// Endpoint's share), moving averages in seconds ([`EndpointQueues::timed`]).
-    claim_s: f64,
-    request_s: f64,
+    /// Of its running slots, those past their claim (the tasks count themselves).
+    past_claim: Arc<AtomicUsize>,
     /// Requests ended since the last [`EndpointQueues::measure`], and the rate at which they
     /// end (per second, a moving average of the measures): how fast its queue drains.
     sent: u32,
@@ -126,12 +128,8 @@ impl Endpoint {
     }
 }
 
-/// The weight of the latest Attempt in an Endpoint's moving averages of claim and request
-/// time (about the last ten Attempts count).
-const EWMA_WEIGHT: f64 = 0.2;
-
-/// The weight of the latest measure in an Endpoint's drain rate (measures every 100 ms: about
-/// the last half second counts).
+/// The weight of the latest measure in an Endpoint's drain rate (measures every 50 ms: about
+/// the last quarter second counts).
 const DRAIN_WEIGHT: f64 = 0.3;
 
 /// The shortest and longest pause after a `Busy` claim.
@@ -168,51 +166,41 @@ impl EndpointQueues {
         }
     }
 
-    /// An Attempt of `endpoint` told its request ended (`TaskEvent::Sent`): `claim` from its
-    /// slot's start to the claim's answer, `request` from there to the request's end.
-    pub fn timed(&mut self, endpoint: EndpointId, claim: Duration, request: Duration) {
-        let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
-        e.sent += 1;
-        let (claim, request) = (claim.as_secs_f64(), request.as_secs_f64());
-        if e.claim_s == 0.0 && e.request_s == 0.0 {
-            (e.claim_s, e.request_s) = (claim, request);
-        } else {
-            e.claim_s += EWMA_WEIGHT * (claim - e.claim_s);
-            e.request_s += EWMA_WEIGHT * (request - e.request_s);
+    /// An Attempt of `endpoint` told its request ended (`TaskEvent::Sent`): counted for the
+    /// rate its queue drains.
+    pub fn sent(&mut self, endpoint: EndpointId) {
+        if let Some(e) = self.endpoints.get_mut(&endpoint) {
+            e.sent += 1;
         }
     }
 
     /// How long a hint queued now would wait for its slot, for the Endpoints that wait on
     /// this worker rather than on themselves; the largest of them. Ingest pacing's signal
-    /// (`railhook_store::pacing`), measured by the consume loop every few tens of ms.
+    /// (`railhook_store::pacing`), measured by the consume loop every 50 ms.
     ///
     /// An Endpoint counts when its queue is not paused by a `Busy` claim (another worker, the
-    /// project's concurrency or a rate window: limits, not load), some of its requests ended
-    /// since the last measure (an Endpoint not heard from yet, or whose slots all hang in
-    /// long requests, does not count), and its Attempts spend at least as long getting their
-    /// claim as in their request (moving averages of both durations): then its slots turn
-    /// over at the pace of this worker's claims, and a queue there means Railhook is behind.
-    /// A slow Endpoint, whose slots are held by its own requests, never counts: one slow
-    /// customer must not slow every producer down. Its wait is (hints waiting) / (the rate
-    /// its requests end, a moving average), and at least as long as its first hint has
-    /// waited already.
+    /// project's concurrency or a rate window: limits, not load) and at most half of its
+    /// running slots are past their claim: the others wait for theirs, so its slots turn
+    /// over at the pace of this worker's claims (and of Postgres), and a queue there means
+    /// Railhook is behind. A slow or hanging Endpoint, whose slots are held by its own
+    /// requests, does not count: one slow customer must not slow every producer down. Its
+    /// wait is (hints waiting) / (the rate its requests end, a moving average), and at least
+    /// as long as its first hint has waited already (a burst before its first requests
+    /// ended, a stall of the claims).
     pub fn measure(&mut self, now: Instant) -> Duration {
         let secs = self.measured.map_or(0.0, |at| now.duration_since(at).as_secs_f64()).max(1e-3);
         self.measured = Some(now);
         let mut wait = 0.0f64;
         for e in self.endpoints.values_mut() {
-            let sent = std::mem::take(&mut e.sent);
-            let rate = f64::from(sent) / secs;
+            let rate = f64::from(std::mem::take(&mut e.sent)) / secs;
             e.drain_per_s = if e.drain_per_s == 0.0 { rate } else { e.drain_per_s + DRAIN_WEIGHT * (rate - e.drain_per_s) };
-            // Only while its requests end (not an Endpoint not heard from yet, nor one whose
-            // slots all hang in requests) and its slots spend at least as long waiting for
-            // claims as in its requests.
-            let own = sent > 0 && e.claim_s >= e.request_s && e.drain_per_s > 0.0;
+            let own = 2 * e.past_claim.load(Ordering::Relaxed) <= e.running;
             if e.waiting.is_empty() || e.busy_since.is_some() || e.paused_until.is_some() || !own {
                 continue;
             }
             let head = e.waiting.front().map_or(0.0, |(_, since)| now.duration_since(*since).as_secs_f64());
-            wait = wait.max(e.waiting.len() as f64 / e.drain_per_s).max(head);
+            let drained = if e.drain_per_s > 0.0 { e.waiting.len() as f64 / e.drain_per_s } else { 0.0 };
+            wait = wait.max(drained).max(head);
         }
         Duration::from_secs_f64(wait.min(86_400.0))
     }
@@ -235,11 +223,11 @@ impl EndpointQueues {
         let e = self.endpoints.entry(endpoint).or_default();
         if e.waiting.is_empty() && Self::may_run(&limits, e, now) {
             e.running += 1;
-            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
+            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
         }
         if total_full || e.waiting.len() >= limits.waiting_per_endpoint {
             e.running += 1;
-            return Some(Start { endpoint, queued, mode: ClaimMode::Defer });
+            return Some(Start { endpoint, queued, mode: ClaimMode::Defer, past_claim: e.past_claim.clone() });
         }
         e.waiting.push_back((queued, now));
         self.waiting += 1;
@@ -318,7 +306,7 @@ impl EndpointQueues {
             let Some((queued, _)) = e.waiting.pop_front() else { break };
             self.waiting -= 1;
             e.running += 1;
-            out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now) });
+            out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
         }
         if out.len() == budget && !e.waiting.is_empty() && !e.in_backlog && Self::may_run(&limits, e, now) {
             // Runnable, but no permit left: served first when one frees.
@@ -499,11 +487,11 @@ mod tests {
         assert!(q.ready(b, 10, now).is_empty(), "b waits for the next slot");
     }
 
-    /// One 100 ms window of an Endpoint in steady state: `n` requests end (each after `claim`
-    /// and `request`), as many waiting hints start and as many new ones queue.
-    fn window(q: &mut EndpointQueues, e: EndpointId, n: usize, claim: Duration, request: Duration, at: Instant) {
+    /// One 100 ms window of an Endpoint in steady state: `n` requests end, as many waiting
+    /// hints start and as many new ones queue.
+    fn window(q: &mut EndpointQueues, e: EndpointId, n: usize, at: Instant) {
         for o in 0..n {
-            q.timed(e, claim, request);
+            q.sent(e);
             q.finished(e, None, at);
             assert_eq!(q.ready(e, 1, at).len(), 1);
             assert!(q.offer(e, hint(o as i64), at).is_none());
@@ -511,7 +499,7 @@ mod tests {
     }
 
     /// Ingest pacing's signal: a queue behind this worker's own claims counts, a queue behind
-    /// a slow Endpoint's requests does not, nor one paused on a limit.
+    /// an Endpoint's own requests does not, nor one paused on a limit.
     #[test]
     fn the_delivery_wait_counts_queues_behind_the_workers_claims_only() {
         let t0 = Instant::now();
@@ -520,39 +508,42 @@ mod tests {
         let (fast, slow, limited) = (EndpointId::new(), EndpointId::new(), EndpointId::new());
         let mut q = EndpointQueues::new(limits(10, 10_000, 100_000));
         assert_eq!(q.measure(t0), Duration::ZERO, "nothing queued");
+        let mut slots = std::collections::HashMap::new();
         for o in 0..1_010 {
-            q.offer(fast, hint(o), t0);
-            q.offer(slow, hint(o), t0);
-            q.offer(limited, hint(o), t0);
+            for e in [fast, slow, limited] {
+                if let Some(start) = q.offer(e, hint(o), t0) {
+                    slots.insert(e, start.past_claim);
+                }
+            }
         }
-        // Before any request ended: not counted (an Endpoint not heard from yet).
-        assert_eq!(q.measure(tenth(1)), Duration::ZERO);
+        // A burst before any request ended: the first hint's wait so far.
+        assert_eq!(q.measure(tenth(1)), ms(100));
+        // The slow Endpoint's ten slots are all in their requests, and so are the third's.
+        slots[&slow].store(10, Ordering::Relaxed);
+        slots[&limited].store(10, Ordering::Relaxed);
         // Then (waiting) / (the rate requests end): 50 per 100 ms, 500/s, is 2 s for 1,000.
-        // Claims of 9 ms (a loaded claimer), requests of 1 ms.
         let mut wait = Duration::ZERO;
         for k in 2..40 {
-            window(&mut q, fast, 50, ms(9), ms(1), tenth(k));
-            // A slow Endpoint: 2 ms claims, 500 ms requests, 2 ending per 100 ms.
-            window(&mut q, slow, 2, ms(2), ms(500), tenth(k));
+            window(&mut q, fast, 50, tenth(k));
+            window(&mut q, slow, 2, tenth(k));
             wait = q.measure(tenth(k));
         }
         assert!((1_990..=2_010).contains(&wait.as_millis()), "the fast Endpoint's 2 s, not the slow one's 50 s: {wait:?}");
-        // No request of it ended since the last measure: its slots hang (a stalled Endpoint
-        // that was fast until now), so its queue does not count.
-        assert_eq!(q.measure(tenth(39) + ms(50)), Duration::ZERO);
-        // An Endpoint paused on a limit does not count, however long its queue.
-        q.timed(limited, ms(500), ms(1));
+        // An Endpoint paused on a limit does not count, however long its queue, even with its
+        // slots free of requests.
+        slots[&limited].store(0, Ordering::Relaxed);
         let running = q.offer(EndpointId::new(), hint(0), t0).unwrap();
         q.finished(limited, Some((running.queued, BusyOn::RateWindow(ms(900)))), tenth(40));
-        window(&mut q, fast, 50, ms(9), ms(1), tenth(40));
+        window(&mut q, fast, 50, tenth(40));
+        window(&mut q, slow, 2, tenth(40));
         let wait = q.measure(tenth(40)).as_millis();
-        assert!((1_500..=2_500).contains(&wait), "the limited Endpoint (50 s) does not count: {wait}");
-        // Once the fast Endpoint's requests outlast its claims, its queue is its own.
-        for k in 41..60 {
-            window(&mut q, fast, 50, ms(1), ms(40), tenth(k));
-            window(&mut q, slow, 2, ms(2), ms(500), tenth(k));
-        }
-        assert_eq!(q.measure(tenth(60)), Duration::ZERO);
+        assert!((1_990..=2_010).contains(&wait), "the limited Endpoint does not count: {wait}");
+        // A stall (no request ends): the fast Endpoint's wait grows with its first hint's.
+        let wait = q.measure(tenth(70));
+        assert!(wait >= ms(4_000), "{wait:?}");
+        // Once most of the fast Endpoint's slots are in their requests, its queue is its own.
+        slots[&fast].store(6, Ordering::Relaxed);
+        assert_eq!(q.measure(tenth(71)), Duration::ZERO);
     }
 
     #[test]
