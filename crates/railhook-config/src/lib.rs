@@ -213,6 +213,15 @@ pub struct WorkerConfig {
     /// Requests in flight at once per project, across all worker processes (0: no limit),
     /// counted the same way.
     pub project_concurrency: i32,
+    /// Whether a claim waits for its WAL flush before it answers (Postgres'
+    /// `synchronous_commit` as configured). `false` (the default): the claim's transaction
+    /// alone commits with `synchronous_commit = off`, so a hot Endpoint's claims, serialised
+    /// by its lock until commit, do not queue behind WAL flushes. A Postgres crash may then
+    /// forget the last claims (at most about three `wal_writer_delay`s of them): those
+    /// Deliveries are PENDING again and sent once more (duplicate window 8), announced by
+    /// the stranded sweep. Every write that records an outcome (ingest, finalise and its
+    /// Attempt, the scheduler's hand-offs) waits for the flush either way.
+    pub claim_synchronous_commit: bool,
     /// Hints waiting in one Endpoint's queue inside a worker for a free slot; past it a hint
     /// over the limit is a Deferral through the retry path.
     pub endpoint_queue_max: usize,
@@ -439,6 +448,7 @@ impl Default for WorkerConfig {
             shutdown_grace_ms: 25_000,
             endpoint_concurrency: 10,
             project_concurrency: 100,
+            claim_synchronous_commit: false,
             endpoint_queue_max: 10_000,
             queue_max: 100_000,
             queue_busy_max_ms: 5_000,

@@ -16,7 +16,7 @@ use tokio_postgres::types::Json;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-const LIMITS: Limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0 };
+const LIMITS: Limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false };
 const CIRCUIT: Circuit = Circuit { window_s: 60.0, min_volume: 1000, ratio: 0.5 };
 
 /// One Event through the ingest's own statement (any client: the migration test's runs in

@@ -10,7 +10,7 @@ use railhook_store::lifecycle::{self as store, ClaimRequest, ClaimResult, Limits
 use uuid::Uuid;
 
 fn limits(endpoint: i32, project: i32) -> Limits {
-    Limits { endpoint_concurrency: endpoint, project_concurrency: project, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0 }
+    Limits { endpoint_concurrency: endpoint, project_concurrency: project, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false }
 }
 
 fn first(delivery: &str) -> ClaimRequest {
@@ -198,4 +198,32 @@ async fn claims_whose_request_ended_do_not_count_against_the_limits() {
     assert_eq!(kinds(&project), ["claimed"]);
     let processing: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
     assert_eq!(processing, 4);
+}
+
+/// `worker.claim_synchronous_commit`: off (the default), the claim's transaction commits
+/// without waiting for the WAL flush (`synchronous_commit = off`, local to it: seen here
+/// inside an explicit transaction, gone after it); on, the server's setting stays. Either way
+/// the claim is the same claim.
+#[tokio::test]
+async fn a_claim_commits_without_waiting_for_the_flush_unless_configured() {
+    let (_db, pool, fixture) = setup(1).await;
+    let mut client = pool.get().await.unwrap();
+    for (synchronous, expected) in [(false, "off"), (true, "on")] {
+        let delivery = fixture.ingest(&pool, "order.created").await.remove(0);
+        let limits = Limits { synchronous_commit: synchronous, ..limits(10, 100) };
+        let tx = client.transaction().await.unwrap();
+        let results = store::claim_batch(&tx, &[first(&delivery)], &limits).await.unwrap();
+        assert_eq!(kinds(&results), ["claimed"], "synchronous_commit {synchronous}");
+        let setting: String = tx.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+        assert_eq!(setting, expected, "claim_synchronous_commit = {synchronous}");
+        tx.commit().await.unwrap();
+        let after: String = client.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+        assert_eq!(after, "on", "the setting is local to the claim's transaction");
+        let status: String = client
+            .query_one("SELECT status::text FROM deliveries WHERE id = $1", &[&delivery.parse::<DeliveryId>().unwrap()])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(status, "PROCESSING");
+    }
 }

@@ -10,7 +10,7 @@ use railhook_core::{ClaimToken, ProjectId};
 use railhook_store::lifecycle::{self as store, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
 use uuid::Uuid;
 
-const LIMITS: Limits = Limits { endpoint_concurrency: 1000, project_concurrency: 1000, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0 };
+const LIMITS: Limits = Limits { endpoint_concurrency: 1000, project_concurrency: 1000, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false };
 
 fn record(code: i32) -> AttemptRecord {
     AttemptRecord {

@@ -7,7 +7,7 @@ use railhook_store::lifecycle::{self, ClaimRequest, ClaimResult, Limits, SweepLi
 use railhook_store::locks;
 use railhook_testkit::relay::Fixture;
 
-const LIMITS: Limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0 };
+const LIMITS: Limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false };
 
 #[tokio::test]
 async fn the_sweep_runs_while_migrate_holds_its_lock() {

@@ -186,6 +186,9 @@ struct Figures {
     claims_busy: f64,
     /// The most hints seen waiting in the worker's per-Endpoint queues during the load.
     queue_waiting_peak: f64,
+    /// The largest latency of the Deliveries whose 201 came back in each second of the load
+    /// (ms, by second since the first request): where in the load a tail happened.
+    max_ms_by_second: Vec<f64>,
     /// POSTs held by ingest pacing, and their holds' mean (s).
     ingest_held: f64,
     ingest_held_mean_s: f64,
@@ -209,7 +212,7 @@ impl Figures {
             "accepted_per_s": self.accepted_per_s, "deliveries_per_s": self.deliveries_per_s,
             "phase_s": self.phase_s, "waited_after_last_201_s": self.waited_after_last_201_s,
             "latency_201_to_arrival": json(&self.latency), "cpu_cores": self.cpu, "worker": self.worker,
-            "worker_queue_waiting_peak": self.queue_waiting_peak,
+            "worker_queue_waiting_peak": self.queue_waiting_peak, "max_ms_by_second": self.max_ms_by_second,
             "api_ingest_held": self.ingest_held, "api_ingest_held_mean_s": self.ingest_held_mean_s, "targets_met": self.met(),
         })
     }
@@ -339,6 +342,17 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
     let last = arrivals.iter().flatten().max().copied().unwrap_or(last_201);
     let ms: Vec<f64> = ids.iter().zip(&arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
     let secs = |to: Instant| to.saturating_duration_since(first).as_secs_f64().max(1e-3);
+    let mut max_ms_by_second = Vec::new();
+    for ((_, done), at) in ids.iter().zip(&arrivals) {
+        if let Some(at) = at {
+            let second = done.saturating_duration_since(first).as_secs() as usize;
+            if max_ms_by_second.len() <= second {
+                max_ms_by_second.resize(second + 1, 0.0);
+            }
+            let ms = (ms_between(*done, *at) * 10.0).round() / 10.0;
+            max_ms_by_second[second] = f64::max(max_ms_by_second[second], ms);
+        }
+    }
     Ok(Figures {
         load,
         requests: sent.len(),
@@ -354,6 +368,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
         deferrals: total(&worker, "deferrals"),
         claims_busy: total(&worker, "claims_busy"),
         queue_waiting_peak,
+        max_ms_by_second,
         ingest_held: ingest_held_n,
         ingest_held_mean_s: if ingest_held_n > 0.0 { (held1.1 - held0.1) / ingest_held_n } else { 0.0 },
         cpu,

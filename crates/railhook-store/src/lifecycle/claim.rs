@@ -51,6 +51,20 @@ JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status 
 JOIN events e ON e.id = c.event_id
 JOIN endpoints ep ON ep.id = c.endpoint_id";
 
+/// The claim statement. Without `synchronous_commit`, its implicit transaction commits
+/// with `synchronous_commit = off` (`set_config(..., true)` is local to that transaction and
+/// read at its commit): the claim's locks are released without waiting for the WAL flush.
+/// `railhook_claim_batch` answers one row per Delivery, so the filter runs for every batch
+/// that wrote anything.
+fn claim_sql(synchronous_commit: bool) -> &'static str {
+    if synchronous_commit {
+        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    } else {
+        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+    }
+}
+
 /// Limits the claim enforces (see `railhook_claim_batch` in `rules.sql`).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -61,6 +75,9 @@ pub struct Limits {
     pub probe_timeout_s: f64,
     /// The ordering gap timeout: how long a parked Delivery waits for its predecessor.
     pub ordering_gap_s: f64,
+    /// The claim waits for its WAL flush (`worker.claim_synchronous_commit`); `false`: its
+    /// transaction commits with `synchronous_commit = off`.
+    pub synchronous_commit: bool,
 }
 
 impl Limits {
@@ -72,6 +89,7 @@ impl Limits {
             circuit_cooldown_s: w.circuit_cooldown_seconds as f64,
             probe_timeout_s: w.processing_timeout_seconds as f64,
             ordering_gap_s: w.ordering_gap_timeout_seconds as f64,
+            synchronous_commit: w.claim_synchronous_commit,
         }
     }
 }
@@ -133,7 +151,7 @@ pub async fn claim_batch_finishing<C: Prepared>(
     if requests.is_empty() {
         return Ok(Vec::new());
     }
-    let claim = db.prepare_cached("SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)").await?;
+    let claim = db.prepare_cached(claim_sql(limits.synchronous_commit)).await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
     let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
