@@ -86,17 +86,23 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The locks, in the one total order: projects by key, then endpoints by key.
+    -- The locks, in the one total order: projects by key, then endpoints by key. The batch's
+    -- rows are found by primary key alone (a MATERIALIZED CTE), the status checked after:
+    -- with `id = ANY (..) AND status = 'PENDING'` in one scan the planner may AND the
+    -- primary key with deliveries_due_idx (every PENDING row), whose size it takes from
+    -- the last ANALYZE; under a backlog that read every PENDING entry on each claim.
     FOR k IN
-        SELECT DISTINCT hashtextextended(dl.project_id::text, 7061) AS key
-        FROM deliveries dl WHERE dl.id = ANY (p_deliveries) AND dl.status = 'PENDING'
+        WITH mine AS MATERIALIZED (SELECT dl.project_id, dl.status FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
+        SELECT DISTINCT hashtextextended(mine.project_id::text, 7061) AS key
+        FROM mine WHERE mine.status = 'PENDING'
         ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
     END LOOP;
     FOR k IN
-        SELECT DISTINCT hashtextextended(dl.endpoint_id::text, 6570) AS key
-        FROM deliveries dl WHERE dl.id = ANY (p_deliveries) AND dl.status = 'PENDING'
+        WITH mine AS MATERIALIZED (SELECT dl.endpoint_id, dl.status FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
+        SELECT DISTINCT hashtextextended(mine.endpoint_id::text, 6570) AS key
+        FROM mine WHERE mine.status = 'PENDING'
         ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
