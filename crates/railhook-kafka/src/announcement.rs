@@ -33,6 +33,32 @@ pub mod header {
     pub const OUTBOX_ID: &str = "outbox_id";
     /// The end LSN of the commit that inserted the row (CDC mode only).
     pub const COMMIT_LSN: &str = "commit_lsn";
+    /// The commit's timestamp, Unix microseconds (decimal; CDC mode only).
+    pub const COMMIT_TIME_US: &str = "commit_time_us";
+    /// When the relay read the announcement (decoded it, or polled it), Unix microseconds
+    /// (decimal): the start of the worker's `read_to_poll` stage
+    /// (`railhook_telemetry::stages`).
+    pub const RELAY_READ_US: &str = "relay_read_us";
+}
+
+/// Where an announcement comes from, carried in its headers: the commit (CDC mode) and the
+/// moment the relay read it. Informational: the worker parses them for the latency stages
+/// only, and a message without them (an older relay) is handled the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamp {
+    pub commit_lsn: Option<Lsn>,
+    pub commit_time_us: Option<i64>,
+    pub relay_read_us: Option<i64>,
+}
+
+impl Stamp {
+    /// The relay-read stamp of a message's headers, if it has one that parses.
+    pub fn relay_read_us<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Option<i64> {
+        headers
+            .into_iter()
+            .find(|(k, _)| *k == header::RELAY_READ_US)
+            .and_then(|(_, v)| std::str::from_utf8(v?).ok()?.parse().ok())
+    }
 }
 
 /// The Deliveries' topic, with the configured prefix.
@@ -197,16 +223,22 @@ impl Announcer {
     }
 
     /// Hands the announcement to the producer (key [`Announcement::key`], headers
-    /// [`header::OUTBOX_ID`] and, when given, [`header::COMMIT_LSN`]), waiting while its
-    /// queue is full. The returned future resolves when Kafka acknowledged or refused this
-    /// message; an error here means it was never handed over.
-    pub async fn send(&self, announcement: &Announcement, commit_lsn: Option<Lsn>) -> Result<DeliveryFuture, KafkaError> {
+    /// [`header::OUTBOX_ID`] and, for each part of `stamp` given, [`header::COMMIT_LSN`],
+    /// [`header::COMMIT_TIME_US`] and [`header::RELAY_READ_US`]), waiting while its queue is
+    /// full. The returned future resolves when Kafka acknowledged or refused this message; an
+    /// error here means it was never handed over.
+    pub async fn send(&self, announcement: &Announcement, stamp: &Stamp) -> Result<DeliveryFuture, KafkaError> {
         let (topic, key, value) = (self.topic(announcement), announcement.key(), announcement.to_bytes());
         let outbox_id = announcement.outbox_id.to_string();
-        let lsn = commit_lsn.map(|l| l.to_string());
-        let mut headers = OwnedHeaders::new().insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
-        if let Some(lsn) = &lsn {
-            headers = headers.insert(Header { key: header::COMMIT_LSN, value: Some(lsn.as_bytes()) });
+        let mut headers = OwnedHeaders::new_with_capacity(4).insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
+        for (name, value) in [
+            (header::COMMIT_LSN, stamp.commit_lsn.map(|l| l.to_string())),
+            (header::COMMIT_TIME_US, stamp.commit_time_us.map(|t| t.to_string())),
+            (header::RELAY_READ_US, stamp.relay_read_us.map(|t| t.to_string())),
+        ] {
+            if let Some(value) = &value {
+                headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+            }
         }
         loop {
             let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers.clone());

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 pub mod announcement;
-pub use announcement::{Announcement, AnnouncementError, Announcer, Target};
+pub use announcement::{Announcement, AnnouncementError, Announcer, Stamp, Target};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

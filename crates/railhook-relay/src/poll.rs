@@ -279,10 +279,12 @@ async fn produce_batch(announcer: &Announcer, rows: &[OutboxRow], stats: &RelayS
     // await the acknowledgements together: one round trip's latency per batch, not per row.
     for (i, row) in rows.iter().enumerate() {
         stats.read.fetch_add(1, Ordering::Relaxed);
-        // No commit LSN in poll mode; the Announcer waits while the producer's queue is full.
-        // (An outbox row always has exactly one target: the table's CHECK.)
+        // No commit LSN or time in poll mode, only when the row was read; the Announcer waits
+        // while the producer's queue is full. (An outbox row always has exactly one target:
+        // the table's CHECK.)
+        let stamp = railhook_kafka::Stamp { relay_read_us: Some(railhook_telemetry::stages::unix_micros_now()), ..Default::default() };
         let sent = match row.announcement() {
-            Ok(announcement) => announcer.send(&announcement, None).await.map_err(RelayError::Produce),
+            Ok(announcement) => announcer.send(&announcement, &stamp).await.map_err(RelayError::Produce),
             Err(e) => Err(RelayError::Row(e)),
         };
         match sent {

@@ -27,7 +27,8 @@ use pgwire_replication::client::ReplicationEvent;
 use pgwire_replication::{ReplicationClient, ReplicationConfig};
 use railhook_config::Config;
 use railhook_core::Lsn;
-use railhook_kafka::Announcer;
+use railhook_kafka::{Announcer, Stamp};
+use railhook_telemetry::stages::{self, Stage};
 use railhook_store::DatabaseUrl;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +90,9 @@ pub struct RelayStats {
     pub confirmed_lsn: std::sync::atomic::AtomicU64,
     /// From the commit of an outbox insert to Kafka's acknowledgement.
     pub commit_to_ack: prometheus::Histogram,
+    /// The latency stages the relay sees (`commit_to_read`, `read_to_ack`), in the histogram
+    /// the worker observes the others in (`railhook_telemetry::stages`).
+    pub stages: railhook_telemetry::stages::Stages,
     /// The current stream returned its liveness marker (see [`stream`]).
     pub live: std::sync::atomic::AtomicBool,
     /// Messages handed to the producer and not yet acknowledged.
@@ -103,6 +107,7 @@ impl Default for RelayStats {
             produce_errors: Default::default(),
             confirmed_lsn: Default::default(),
             commit_to_ack: crate::health::commit_to_ack_histogram(),
+            stages: Default::default(),
             live: Default::default(),
             in_flight: Default::default(),
         }
@@ -117,9 +122,9 @@ fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
     ((now - PG_EPOCH_UNIX_MICROS - pg_micros).max(0) as f64) / 1e6
 }
 
-/// A message handed to the producer: its progress ticket, its commit's time, and Kafka's
-/// answer when it comes.
-type Acked = (Ticket, i64, Result<(), KafkaError>);
+/// A message handed to the producer: its progress ticket, its commit's time, when the relay
+/// read it, and Kafka's answer when it comes.
+type Acked = (Ticket, i64, Instant, Result<(), KafkaError>);
 type Reannouncing = tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, RelayError>>;
 
 /// The loop's state between events. The order of the steps inside each method is what
@@ -241,11 +246,12 @@ impl Streaming {
     /// Kafka answered for one message: its ticket counts towards the confirmable position, or
     /// the stream ends unconfirmed (librdkafka already retried within its delivery timeout;
     /// the restart replays from the slot).
-    fn acked(&mut self, (ticket, committed, result): Acked) -> Result<(), RelayError> {
+    fn acked(&mut self, (ticket, committed, read, result): Acked) -> Result<(), RelayError> {
         match result {
             Ok(()) => {
                 self.progress.acked(ticket);
                 self.stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
+                self.stats.stages.observe_since(Stage::ReadToAck, read);
                 self.stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }
@@ -329,7 +335,11 @@ impl Streaming {
         let announcement = row.announcement()?;
         let ticket = self.progress.produced()?;
         self.stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let delivery = self.announcer.send(&announcement, Some(self.commit_lsn)).await.map_err(RelayError::Produce)?;
+        let (read, read_us) = (Instant::now(), stages::unix_micros_now());
+        let commit_time_us = self.commit_time + PG_EPOCH_UNIX_MICROS;
+        self.stats.stages.observe(Stage::CommitToRead, Duration::from_micros((read_us - commit_time_us).max(0) as u64));
+        let stamp = Stamp { commit_lsn: Some(self.commit_lsn), commit_time_us: Some(commit_time_us), relay_read_us: Some(read_us) };
+        let delivery = self.announcer.send(&announcement, &stamp).await.map_err(RelayError::Produce)?;
         let committed = self.commit_time;
         self.in_flight.push(Box::pin(async move {
             let result = match delivery.await {
@@ -338,7 +348,7 @@ impl Streaming {
                 // The producer was destroyed with the message still queued.
                 Err(_) => Err(KafkaError::Canceled),
             };
-            (ticket, committed, result)
+            (ticket, committed, read, result)
         }));
         Ok(())
     }

@@ -192,6 +192,8 @@ struct Figures {
     /// POSTs held by ingest pacing, and their holds' mean (s).
     ingest_held: f64,
     ingest_held_mean_s: f64,
+    /// Each latency stage's count, mean, p50 and p99, and the WAL per Delivery (`stages`).
+    stages: serde_json::Value,
 }
 
 impl Figures {
@@ -214,6 +216,8 @@ impl Figures {
             "latency_201_to_arrival": json(&self.latency), "cpu_cores": self.cpu, "worker": self.worker,
             "worker_queue_waiting_peak": self.queue_waiting_peak, "max_ms_by_second": self.max_ms_by_second,
             "api_ingest_held": self.ingest_held, "api_ingest_held_mean_s": self.ingest_held_mean_s, "targets_met": self.met(),
+            "stages": self.stages["stages"], "wal_bytes_per_delivery": self.stages["wal_bytes_per_delivery"],
+            "postgres_cpu_ms_per_delivery": super::postgres_ms_per_delivery(&self.cpu, self.deliveries_per_s),
         })
     }
 
@@ -307,6 +311,7 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
             "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, accepted {:.0}/s, {} POSTs held by ingest pacing (mean {:.0} ms), worker {}",
             load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.accepted_per_s, f.ingest_held, f.ingest_held_mean_s * 1000.0, f.worker
         );
+        println!("{}: {}", load.figure, super::stages::describe(&f.stages));
         let missed = !f.met();
         out.push(f);
         // A rate ladder (ordered) stops at its first missed step: higher ones would only queue.
@@ -324,6 +329,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
     let plan = Plan { count: load.count, ..super::plan(stack, stack.api_addr, load.rate, load.duration, one_type(EVENT_TYPE)) };
     let (cpu0, counters0, dup0) = (cpu_snapshot(stack), worker_counters(stack).await?, rx.duplicates.load(Ordering::Relaxed));
     let held0 = ingest_held(stack).await;
+    let stages0 = super::stages::snapshot(stack).await;
     let queue = QueuePeak::start(stack);
     let start = Instant::now();
     let sent = load::run(&plan).await?;
@@ -341,6 +347,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
     let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
     let last = arrivals.iter().flatten().max().copied().unwrap_or(last_201);
     let ms: Vec<f64> = ids.iter().zip(&arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
+    let stages = super::stages::delta(&stages0, &super::stages::snapshot(stack).await, ms.len());
     let secs = |to: Instant| to.saturating_duration_since(first).as_secs_f64().max(1e-3);
     let mut max_ms_by_second = Vec::new();
     for ((_, done), at) in ids.iter().zip(&arrivals) {
@@ -373,6 +380,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
         ingest_held_mean_s: if ingest_held_n > 0.0 { (held1.1 - held0.1) / ingest_held_n } else { 0.0 },
         cpu,
         worker,
+        stages,
     })
 }
 
