@@ -27,7 +27,8 @@ use pgwire_replication::client::ReplicationEvent;
 use pgwire_replication::{ReplicationClient, ReplicationConfig};
 use railhook_config::Config;
 use railhook_core::Lsn;
-use railhook_kafka::{Announcer, Stamp};
+use railhook_kafka::announcement::MESSAGE_PREFIX_FAMILY;
+use railhook_kafka::{Announcement, Announcer, Stamp};
 use railhook_telemetry::stages::{self, Stage};
 use railhook_store::DatabaseUrl;
 use rdkafka::error::KafkaError;
@@ -116,6 +117,15 @@ impl Default for RelayStats {
 
 /// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
 const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+
+/// A commit time (Postgres epoch microseconds) as Postgres prints a `timestamptz` in UTC
+/// (`2026-12-05 18:00:00.123456+00`): the `created_at` of an announcement that has no outbox
+/// row to take it from.
+fn pg_timestamp_text(pg_micros: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(pg_micros + PG_EPOCH_UNIX_MICROS)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string())
+        .unwrap_or_default()
+}
 
 fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
@@ -299,13 +309,23 @@ impl Streaming {
                     self.live(needs_reannounce);
                 }
             }
+            // An announcement written by `railhook_announce` in this transaction (CDC mode):
+            // one message for a whole statement, an announcement per line. Produced now,
+            // like an outbox insert; confirmed with the commit.
+            Some(ReplicationEvent::Message { transactional: true, prefix, content, .. }) if prefix.starts_with(MESSAGE_PREFIX_FAMILY) => {
+                let created_at = pg_timestamp_text(self.commit_time);
+                for announcement in Announcement::parse_message(&prefix, &content, &created_at)? {
+                    self.produce(announcement).await?;
+                }
+            }
+            // Someone else's messages (other software may emit its own in this database).
             Some(ReplicationEvent::Message { .. }) => {}
             Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
             Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
                 Message::Relation(rel) => self.relations.insert(&rel)?,
                 Message::Insert { relation_id, tuple } => {
                     let row = self.relations.row(relation_id, &tuple)?;
-                    self.produce(&row).await?;
+                    self.produce(row.announcement()?).await?;
                 }
                 Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
             },
@@ -317,6 +337,23 @@ impl Streaming {
     fn live(&mut self, needs_reannounce: bool) {
         self.stats.live.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(slot = %self.config.relay.slot_name, "stream is live");
+        // From now on this stream decodes every transaction that starts: announcements may
+        // go as logical decoding messages (`railhook_store::lifecycle::announce`). Not
+        // setting it (Postgres refused) leaves outbox rows, which this relay reads too.
+        let url = self.config.database.url.clone();
+        tokio::spawn(async move {
+            let set = async {
+                let (client, conn) = crate::connect(&url).await?;
+                let before = railhook_store::lifecycle::announce::set_via(&client, railhook_store::lifecycle::announce::Via::Message).await;
+                conn.abort();
+                Ok::<_, RelayError>(before?)
+            };
+            match set.await {
+                Ok(Some(before)) => tracing::info!(before = before.as_str(), "announcements now go as logical decoding messages"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "could not switch announcements to logical decoding messages; they stay outbox rows"),
+            }
+        });
         if needs_reannounce && self.reannounce.is_none() {
             let url = self.config.database.url.clone();
             self.reannounce = Some(tokio::spawn(async move {
@@ -328,11 +365,10 @@ impl Streaming {
         }
     }
 
-    /// One outbox insert, in this order: its ticket first, then the message to Kafka
-    /// (waiting while the producer's queue is full), then its acknowledgement awaited among
-    /// the others.
-    async fn produce(&mut self, row: &OutboxRow) -> Result<(), RelayError> {
-        let announcement = row.announcement()?;
+    /// One announcement (an outbox insert, or a line of an announcement message), in this
+    /// order: its ticket first, then the message to Kafka (waiting while the producer's queue
+    /// is full), then its acknowledgement awaited among the others.
+    async fn produce(&mut self, announcement: Announcement) -> Result<(), RelayError> {
         let ticket = self.progress.produced()?;
         self.stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (read, read_us) = (Instant::now(), stages::unix_micros_now());
