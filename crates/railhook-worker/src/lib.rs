@@ -27,6 +27,7 @@ pub mod forwards;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
+pub mod ordering;
 pub mod partitions;
 pub mod queues;
 pub mod replays;
@@ -121,10 +122,11 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
     let pool = railhook_store::build_pool_as(&config.database, railhook_store::application::WORKER).map_err(|e| WorkerError::misconfigured("database", e))?;
     let sender = http::Sender::from_config(&config.network)?;
     let finishing = runner::Finishing::default();
-    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone());
+    let ordering = ordering::OrderingBuffer::default();
+    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone(), ordering.clone());
     let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
     let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), w.max_in_flight);
-    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing })
+    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, ordering })
 }
 
 fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
@@ -193,16 +195,18 @@ impl Consuming<'_> {
     fn message(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (partition, offset) = (message.partition(), message.offset());
         let received = tokio::time::Instant::now();
-        if let Some(read_us) = message.headers().and_then(|h| railhook_kafka::Stamp::relay_read_us(h.iter().map(|h| (h.key, h.value)))) {
+        let stamp = message.headers().map(|h| railhook_kafka::Stamp::from_headers(h.iter().map(|h| (h.key, h.value)))).unwrap_or_default();
+        if let Some(read_us) = stamp.relay_read_us {
             self.runner.metrics.stages.observe_since_unix_micros(Stage::ReadToPoll, read_us);
         }
         self.offsets.tracker.started(partition, offset);
         // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
-        let Some((endpoint, hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
+        let Some((endpoint, mut hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
             self.runner.metrics.bad_messages.inc();
             self.offsets.done(partition, offset);
             return;
         };
+        hint.announced_at = stamp.commit_time_us.and_then(chrono::DateTime::from_timestamp_micros);
         let queued = queues::Queued { hint, place: Some((partition, offset)), received: Some(received) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
@@ -229,7 +233,7 @@ impl Consuming<'_> {
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
-                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None }, place: None, received: None };
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None }, place: None, received: None };
                     if let Some(start) = self.queues.offer(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);

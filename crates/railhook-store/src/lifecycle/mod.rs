@@ -60,7 +60,7 @@ pub mod manual;
 pub mod replay;
 pub mod schedule;
 
-pub use claim::{claim_batch, claim_batch_finishing, ClaimRequest, ClaimResult, Claimed, Limits};
+pub use claim::{claim_batch, claim_batch_finishing, park_held, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
 pub use schedule::{queue_gauges, reannounce_pending, schedule_due, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 

@@ -43,8 +43,25 @@
 -- over a concurrency or rate limit: it answers 'busy:<reason>' and writes nothing, and the
 -- worker keeps the hint until a slot frees or the window opens.
 --
--- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
--- is not visible yet: see below), 'busy:<reason>', or the Deferral's reason.
+-- Outcomes per claim: 'claimed', 'claimed:behind' (see the worker's Ordering Buffer below),
+-- 'claimed:gap', 'none' (done, not due, another token), 'missing' (the row is not visible
+-- yet: see below), 'busy:<reason>', or the Deferral's reason.
+--
+-- p_announced[i]: when the hint's announcement was committed (the relay's `commit_time_us`
+-- header; NULL when unknown, e.g. the polling relay). A hint on the retry path that finds
+-- its row PENDING and due, without its token, and last announced before that commit, has
+-- overtaken the scheduler's commit (the commit is decoded and announced before it is
+-- visible): 'missing', claimed again shortly. A row announced since (a later scheduler run, a
+-- sweep) makes the hint stale: 'none'.
+--
+-- The worker's Ordering Buffer (issue 30): p_mine holds the Claim tokens of the ordered
+-- Deliveries the claiming worker holds now. An ordered Delivery whose predecessor is
+-- PROCESSING under one of them, or under a claim earlier in this batch, is claimed
+-- ('claimed:behind') instead of parked: the worker holds it and sends it only once the
+-- predecessor's Attempt ended in a final verdict, so an Endpoint's ordered Deliveries are
+-- claimed ahead, many per round trip, and sent one after another without a round trip
+-- through Postgres in between. If the predecessor goes back on its ladder instead, the
+-- worker parks what it held behind it (railhook_park_held), and the rest is as below.
 --
 -- The Ordering Buffer (DESIGN.md 6.5): a Delivery with a Sequence Number whose predecessor
 -- (the same Endpoint's Delivery numbered one less) is unresolved is parked: a Deferral that
@@ -58,7 +75,8 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
     p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
     p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
-    p_wait boolean[], p_gap_s double precision, p_finishing uuid[]
+    p_wait boolean[], p_gap_s double precision, p_finishing uuid[],
+    p_announced timestamptz[], p_mine uuid[]
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -74,8 +92,10 @@ DECLARE
     defer_until timestamptz;
     reason text;
     gap boolean;
+    behind boolean;
     pred_status delivery_status;
     pred_parked timestamptz;
+    pred_token uuid;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -136,7 +156,12 @@ BEGIN
                 SELECT 1 FROM deliveries dl WHERE dl.id = p_deliveries[i]
                   AND NOT (dl.status = 'PENDING'
                            AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
-                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i]))
+                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i])
+                  -- A retry's hint that overtook the scheduler's commit (see above).
+                  AND NOT (p_hints[i] IS NOT NULL AND p_announced[i] IS NOT NULL
+                           AND dl.status = 'PENDING'
+                           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+                           AND dl.last_announced_at < p_announced[i]))
               THEN 'none' ELSE 'missing' END;
             RETURN NEXT;
             CONTINUE;
@@ -159,10 +184,15 @@ BEGIN
         -- releases this one, so the gap timeout fires once, behind the Delivery that is
         -- really stuck (PENDING on its own retry ladder), not along the chain behind it.
         gap := false;
+        behind := false;
         IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
-            SELECT p.status, p.parked_at INTO pred_status, pred_parked FROM deliveries p
+            SELECT p.status, p.parked_at, p.claim_token INTO pred_status, pred_parked, pred_token FROM deliveries p
             WHERE p.endpoint_id = d.endpoint_id AND p.sequence_number = d.sequence_number - 1;
-            IF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
+            IF FOUND AND pred_status = 'PROCESSING'
+               AND (pred_token = ANY (p_mine) OR pred_token = ANY (p_tokens[1:i - 1])) THEN
+                -- Held by this worker behind its own predecessor (the Ordering Buffer above).
+                behind := true;
+            ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
                 reason := 'ordering';
                 defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
             ELSIF FOUND AND pred_status = 'PENDING' THEN
@@ -268,8 +298,54 @@ BEGIN
         ELSIF c_state = 'half_open' THEN
             UPDATE endpoint_circuits SET probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
         END IF;
-        idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' ELSE 'claimed' END; RETURN NEXT;
+        idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' WHEN behind THEN 'claimed:behind' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- The signature before p_announced and p_mine (a worker of the previous build, until it
+-- restarts): no overtaken retries told apart, no Ordering Buffer in the worker.
+CREATE OR REPLACE FUNCTION railhook_claim_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
+    p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
+    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
+    p_wait boolean[], p_gap_s double precision, p_finishing uuid[]
+) RETURNS TABLE (idx integer, outcome text)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
+        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, p_finishing, NULL::timestamptz[], '{}'::uuid[])
+$$;
+
+-- The worker's Ordering Buffer gives back what it held behind a predecessor that did not end
+-- in a final verdict (back on its ladder, cut short, fenced out): the held Delivery becomes
+-- PENDING and parked, exactly as if its claim had parked it (due again at its gap timeout;
+-- released at once by the predecessor's finalise when that one ends), with no Attempt spent.
+-- Only while the Claim holds. Returns whether it wrote.
+CREATE OR REPLACE FUNCTION railhook_park_held(p_delivery uuid, p_token uuid, p_gap_s double precision)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ep uuid;
+BEGIN
+    -- The Endpoint's claim lock, as a claim that parks holds it: a finalise releasing this
+    -- Delivery either sees the park or ran before it (then the predecessor has ended and the
+    -- Delivery is due at once).
+    SELECT endpoint_id INTO ep FROM deliveries WHERE id = p_delivery;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(ep::text, 6570));
+    UPDATE deliveries d
+    SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, updated_at = now(),
+        parked_at = coalesce(d.parked_at, now()),
+        next_retry_at = CASE
+            -- The predecessor ended meanwhile (its finalise found nothing parked to release).
+            WHEN EXISTS (SELECT 1 FROM deliveries p WHERE p.endpoint_id = d.endpoint_id
+                         AND p.sequence_number = d.sequence_number - 1 AND p.status IN ('SUCCESS', 'FAILED'))
+            THEN now()
+            ELSE coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s) END
+    WHERE d.id = p_delivery AND d.claim_token = p_token AND d.status = 'PROCESSING';
+    RETURN FOUND;
 END
 $$;
 
@@ -283,7 +359,7 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE sql VOLATILE AS $$
     SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
-        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, '{}'::uuid[])
+        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, '{}'::uuid[], NULL::timestamptz[], '{}'::uuid[])
 $$;
 
 -- ---------------------------------------------------------------------------------------
@@ -322,6 +398,12 @@ CREATE OR REPLACE FUNCTION railhook_finalise_batch(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     fenced integer[];
+    -- The fenced rows that carry a Sequence Number: their index, Endpoint, number, and
+    -- whether they ended (SUCCESS or Failed Messages), as the UPDATE returned them.
+    o_n integer[];
+    o_endpoints uuid[];
+    o_sequences bigint[];
+    o_ended boolean[];
     ended record;
     freed uuid[] := '{}';
     rel uuid;
@@ -350,9 +432,14 @@ BEGIN
             updated_at = now()
         FROM input i
         WHERE d.id = i.delivery AND d.claim_token = i.token AND d.status = 'PROCESSING'
-        RETURNING i.n
+        RETURNING i.n, d.endpoint_id, d.sequence_number, d.status
     )
-    SELECT coalesce(array_agg(done.n::integer), '{}') INTO fenced FROM done;
+    SELECT coalesce(array_agg(done.n::integer), '{}'),
+           array_agg(done.n::integer) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.endpoint_id) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.sequence_number) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.status IN ('SUCCESS', 'FAILED')) FILTER (WHERE done.sequence_number IS NOT NULL)
+    INTO fenced, o_n, o_endpoints, o_sequences, o_ended FROM done;
     freed := array_fill(NULL::uuid, ARRAY[n]);
 
     -- Ordering: cursors and releases, for the ended Deliveries that carry a Sequence Number.
@@ -361,21 +448,17 @@ BEGIN
     -- while this finalise, not yet seeing the park, releases nothing, and the successor would
     -- wait for its gap timeout. With them, either this release sees the park or the claim
     -- sees the predecessor ended. In key order, like the claims.
+    -- (Read off the UPDATE above: a batch without ordered Deliveries reads nothing more.)
     FOR k IN
-        SELECT DISTINCT hashtextextended(d.endpoint_id::text, 6570) AS key
-        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
-        JOIN deliveries d ON d.id = t.delivery
-        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL
-        ORDER BY key
+        SELECT DISTINCT hashtextextended(e::text, 6570) AS key FROM unnest(o_endpoints) AS e ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
     END LOOP;
     FOR ended IN
-        SELECT t.n, d.endpoint_id, d.sequence_number
-        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
-        JOIN deliveries d ON d.id = t.delivery
-        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL AND d.status IN ('SUCCESS', 'FAILED')
-        ORDER BY d.endpoint_id, d.sequence_number
+        SELECT t.n, t.endpoint_id, t.sequence_number
+        FROM unnest(o_n, o_endpoints, o_sequences, o_ended) AS t(n, endpoint_id, sequence_number, is_end)
+        WHERE t.is_end
+        ORDER BY t.endpoint_id, t.sequence_number
     LOOP
         INSERT INTO endpoint_ordering AS o (endpoint_id, cursor) VALUES (ended.endpoint_id, ended.sequence_number)
         ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
