@@ -10,6 +10,7 @@ use maud::{html, Markup, DOCTYPE};
 use railhook_core::DeliveryStatus;
 
 use crate::assets;
+use crate::query::Circuit;
 use crate::session::{Role, Viewer};
 
 /// A section of the dashboard, as the navigation lists it.
@@ -127,6 +128,18 @@ pub fn status(s: DeliveryStatus) -> Markup {
         _ => "wait",
     };
     html! { span class={ "badge " (class) } { (s) } }
+}
+
+/// The circuit breaker of an Endpoint or a Destination: its state, since when it is not
+/// closed, and its window's count; `None`: it never had an Attempt (closed).
+pub fn circuit(c: Option<&Circuit>) -> Markup {
+    html! {
+        @if let Some(c) = c {
+            (c.state.replace('_', "-"))
+            @if let Some(t) = c.opened_at.filter(|_| c.state != "closed") { br; span.hint { "opened " (time(t)) } }
+            br; span.hint { (c.window_successes) " ok, " (c.window_failures) " failed in the window" }
+        } @else { "closed" }
+    }
 }
 
 /// "Next page" when the list has more; `query` is the page's filters, already encoded,

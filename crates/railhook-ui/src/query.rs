@@ -1,10 +1,10 @@
 //! The dashboard's own SQL: only what `railhook-store` has no function for (the overview's
-//! aggregates, Endpoint health, the Deliveries list by event type, the operator's project
-//! list). Each statement is bounded (a LIMIT on the rows it reads, and the overview runs
+//! aggregates, Endpoint health, Destinations' circuits, the Deliveries list by event type,
+//! the operator's project list). Each statement is bounded (a LIMIT on the rows it reads, and the overview runs
 //! under a statement timeout) and follows an index named beside it.
 
 use chrono::{DateTime, Utc};
-use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, ProjectId};
+use railhook_core::{DeliveryId, DeliveryStatus, DestinationId, EndpointId, ProjectId};
 use tokio_postgres::GenericClient;
 
 use crate::error::{UiError, UiResult};
@@ -151,15 +151,21 @@ fn rate(count: i64, oldest: Option<DateTime<Utc>>) -> Option<f64> {
     (span > 0.0).then(|| count as f64 / span)
 }
 
-/// An Endpoint's health, beside what `railhook_store::endpoints` says about it.
-#[derive(Debug, Clone)]
-pub struct EndpointHealth {
+/// The circuit breaker of an Endpoint or a Destination (`circuits`, migration 0026).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Circuit {
     /// `closed`, `open` or `half_open`; `closed` when it never had an Attempt.
-    pub circuit: String,
+    pub state: String,
     pub opened_at: Option<DateTime<Utc>>,
     /// The circuit's current window.
     pub window_successes: i32,
     pub window_failures: i32,
+}
+
+/// An Endpoint's health, beside what `railhook_store::endpoints` says about it.
+#[derive(Debug, Clone)]
+pub struct EndpointHealth {
+    pub circuit: Circuit,
     /// Deliveries being attempted right now (its concurrency in use).
     pub in_flight: i64,
     pub failed_last_hour: i64,
@@ -174,7 +180,7 @@ SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
             WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
               AND d.endpoint_id = e.id LIMIT 10000) f)
-FROM endpoints e LEFT JOIN endpoint_circuits c ON c.endpoint_id = e.id
+FROM endpoints e LEFT JOIN circuits c ON c.target_id = e.id
 WHERE e.project_id = $1 AND e.id = ANY($2::uuid[])";
 
 pub async fn endpoint_health(
@@ -188,15 +194,32 @@ pub async fn endpoint_health(
         .iter()
         .map(|r| {
             let health = EndpointHealth {
-                circuit: r.get(1),
-                opened_at: r.get(2),
-                window_successes: r.get(3),
-                window_failures: r.get(4),
+                circuit: Circuit { state: r.get(1), opened_at: r.get(2), window_successes: r.get(3), window_failures: r.get(4) },
                 in_flight: r.get(5),
                 failed_last_hour: r.get(6),
             };
             (EndpointId(r.get(0)), health)
         })
+        .collect())
+}
+
+/// The circuits of the listed Destinations of the project (the circuit's primary key); a
+/// Destination without a row has never had an Attempt (closed).
+const DESTINATION_CIRCUITS_SQL: &str = "
+SELECT d.id, c.state, c.opened_at, c.successes, c.failures
+FROM destinations d JOIN circuits c ON c.target_id = d.id
+WHERE d.project_id = $1 AND d.id = ANY($2::uuid[])";
+
+pub async fn destination_circuits(
+    db: &impl GenericClient,
+    project: ProjectId,
+    ids: &[DestinationId],
+) -> UiResult<std::collections::HashMap<DestinationId, Circuit>> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
+    let rows = db.query(DESTINATION_CIRCUITS_SQL, &[&project.0, &ids]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| (DestinationId(r.get(0)), Circuit { state: r.get(1), opened_at: r.get(2), window_successes: r.get(3), window_failures: r.get(4) }))
         .collect())
 }
 
