@@ -171,9 +171,15 @@ pub async fn update_endpoint(
     Ok(row.as_ref().map(endpoint_from))
 }
 
-/// Deletes the Endpoint with its secrets, Subscriptions and Deliveries (the foreign keys
-/// cascade). `false` when it is not one of the project's.
+/// Deletes the Endpoint with its secrets, Subscriptions, circuit and Deliveries: disabled
+/// first, then its Deliveries in short batches, then the row (the foreign keys cascade to the
+/// rest); see [`crate::deletion`]. `false` when it is not one of the project's.
 pub async fn delete_endpoint(db: &impl GenericClient, project: ProjectId, id: EndpointId) -> Result<bool, StoreError> {
+    let found = db.execute("UPDATE endpoints SET enabled = false, updated_at = now() WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::ENDPOINT_DELIVERIES, &id.0).await?;
     let n = db.execute("DELETE FROM endpoints WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)
 }

@@ -152,9 +152,17 @@ pub async fn update_source(db: &impl GenericClient, project: ProjectId, id: Sour
     Ok(row.as_ref().map(source_from))
 }
 
-/// Deletes the Source with its secrets, Destinations, Incoming Events and Forwards (the
-/// foreign keys cascade). `false` when it is not one of the project's.
+/// Deletes the Source with its secrets, Destinations, Incoming Events and Forwards: disabled
+/// first (the ingress refuses it), then its Forwards and Incoming Events in short batches,
+/// then the row (the foreign keys cascade to the rest); see [`crate::deletion`]. `false` when
+/// it is not one of the project's.
 pub async fn delete_source(db: &impl GenericClient, project: ProjectId, id: SourceId) -> Result<bool, StoreError> {
+    let found = db.execute("UPDATE sources SET enabled = false, updated_at = now() WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::SOURCE_FORWARDS, &id.0).await?;
+    crate::deletion::in_batches(db, crate::deletion::SOURCE_INCOMING_EVENTS, &id.0).await?;
     let n = db.execute("DELETE FROM sources WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)
 }
@@ -399,9 +407,20 @@ pub async fn update_destination(
     row.map(|r| destination_from(&r, 0)).transpose()
 }
 
-/// Deletes the Destination and its Forwards. `false` when it is not the Source's (or the
-/// Source not the project's).
+/// Deletes the Destination with its circuit and Forwards: disabled first, then its Forwards
+/// in short batches, then the row; see [`crate::deletion`]. `false` when it is not the
+/// Source's (or the Source not the project's).
 pub async fn delete_destination(db: &impl GenericClient, project: ProjectId, source: SourceId, id: DestinationId) -> Result<bool, StoreError> {
+    let found = db
+        .execute(
+            "UPDATE destinations SET enabled = false, updated_at = now() WHERE id = $1 AND source_id = $2 AND project_id = $3",
+            &[&id.0, &source.0, &project.0],
+        )
+        .await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::DESTINATION_FORWARDS, &id.0).await?;
     let n = db
         .execute("DELETE FROM destinations WHERE id = $1 AND source_id = $2 AND project_id = $3", &[&id.0, &source.0, &project.0])
         .await?;

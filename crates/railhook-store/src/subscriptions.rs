@@ -185,8 +185,9 @@ pub async fn update_subscription(
     Ok(row.as_ref().map(subscription_from))
 }
 
-/// `false` when the Subscription is not one of the project's. Its Deliveries stay (their
-/// `subscription_id` becomes NULL).
+/// `false` when the Subscription is not one of the project's. Its Deliveries stay, and keep
+/// its id as their `subscription_id` (no foreign key since migration 0027: the delete
+/// touches none of them).
 pub async fn delete_subscription(db: &impl GenericClient, project: ProjectId, id: SubscriptionId) -> Result<bool, StoreError> {
     let n = db.execute("DELETE FROM subscriptions WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)
