@@ -203,8 +203,8 @@ pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: O
     let rows = db.query(&statement, &[&ids, &tokens, &hints, &ladder, &(DISABLED_DEFERRAL_S as f64), &circuit.cooldown_s, &circuit.probe_timeout_s]).await?;
     let mut out = vec![ForwardClaimResult::Nothing; claims.len()];
     for row in &rows {
-        let Some(i) = usize::try_from(row.get::<_, i64>(0)).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < claims.len()) else { continue };
-        out[i] = match row.get::<_, &str>(1) {
+        let Some(i) = usize::try_from(row.try_get::<_, i64>(0)?).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < claims.len()) else { continue };
+        out[i] = match row.try_get::<_, &str>(1)? {
             "missing" => ForwardClaimResult::Missing,
             "claim" => ForwardClaimResult::Claimed(Box::new(claimed_from(row, 3)?)),
             "destination_disabled" => ForwardClaimResult::Deferred(ForwardDeferral::DestinationDisabled),
@@ -221,26 +221,26 @@ pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: O
 fn claimed_from(r: &Row, at: usize) -> Result<ClaimedForward, StoreError> {
     let destination = destination_from(r, at)?;
     let f = at + 8;
-    let headers = serde_json::from_value(r.get::<_, Json<serde_json::Value>>(f + 10).0).unwrap_or_default();
+    let headers = serde_json::from_value(r.try_get::<_, Json<serde_json::Value>>(f + 10)?.0).unwrap_or_default();
     let forward = ForwardToSend {
-        id: ForwardId(r.get(f)),
-        project_id: ProjectId(r.get(f + 1)),
+        id: ForwardId(r.try_get(f)?),
+        project_id: ProjectId(r.try_get(f + 1)?),
         status: DeliveryStatus::Processing,
-        attempt_count: r.get(f + 2),
-        max_attempts: r.get(f + 3),
-        retry_delays: r.get(f + 4),
-        timeout_seconds: r.get(f + 5),
-        ladder_started_at: r.get(f + 6),
+        attempt_count: r.try_get(f + 2)?,
+        max_attempts: r.try_get(f + 3)?,
+        retry_delays: r.try_get(f + 4)?,
+        timeout_seconds: r.try_get(f + 5)?,
+        ladder_started_at: r.try_get(f + 6)?,
         destination,
-        incoming_event_id: IncomingEventId(r.get(f + 7)),
-        provider_event_id: r.get(f + 8),
-        method: r.get(f + 9),
+        incoming_event_id: IncomingEventId(r.try_get(f + 7)?),
+        provider_event_id: r.try_get(f + 8)?,
+        method: r.try_get(f + 9)?,
         headers,
-        body: r.get(f + 11),
-        content_type: r.get(f + 12),
-        received_at: r.get(f + 13),
+        body: r.try_get(f + 11)?,
+        content_type: r.try_get(f + 12)?,
+        received_at: r.try_get(f + 13)?,
     };
-    Ok(ClaimedForward { token: r.get(f + 14), forward })
+    Ok(ClaimedForward { token: r.try_get(f + 14)?, forward })
 }
 
 // ---- Finalise and release ----------------------------------------------------------------
@@ -347,13 +347,13 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[ForwardFinalise], c
         .await?;
     let mut out = vec![ForwardFinalised::default(); requests.len()];
     for row in rows {
-        if let Some(i) = usize::try_from(row.get::<_, i64>(0)).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < out.len()) {
-            let circuit = match row.get::<_, Option<&str>>(2).map(str::parse::<CircuitChange>) {
+        if let Some(i) = usize::try_from(row.try_get::<_, i64>(0)?).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < out.len()) {
+            let circuit = match row.try_get::<_, Option<&str>>(2)?.map(str::parse::<CircuitChange>) {
                 Some(Ok(change)) => Some(change),
                 Some(Err(e)) => return Err(StoreError::Misconfigured(format!("forward finalise: {e}"))),
                 None => None,
             };
-            out[i] = ForwardFinalised { wrote: row.get(1), circuit };
+            out[i] = ForwardFinalised { wrote: row.try_get(1)?, circuit };
         }
     }
     Ok(out)
@@ -494,17 +494,17 @@ const SUMMARY_COLUMNS: &str = "f.id, f.incoming_event_id, d.source_id, f.destina
 
 fn summary_from(r: &Row, at: usize) -> Result<ForwardSummary, StoreError> {
     Ok(ForwardSummary {
-        id: ForwardId(r.get(at)),
-        incoming_event_id: IncomingEventId(r.get(at + 1)),
-        source_id: SourceId(r.get(at + 2)),
-        destination_id: DestinationId(r.get(at + 3)),
-        status: r.get::<_, &str>(at + 4).parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
-        attempt_count: r.get(at + 5),
-        max_attempts: r.get(at + 6),
-        next_retry_at: r.get(at + 7),
-        last_error: r.get(at + 8),
-        created_at: r.get(at + 9),
-        completed_at: r.get(at + 10),
+        id: ForwardId(r.try_get(at)?),
+        incoming_event_id: IncomingEventId(r.try_get(at + 1)?),
+        source_id: SourceId(r.try_get(at + 2)?),
+        destination_id: DestinationId(r.try_get(at + 3)?),
+        status: r.try_get::<_, &str>(at + 4)?.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
+        attempt_count: r.try_get(at + 5)?,
+        max_attempts: r.try_get(at + 6)?,
+        next_retry_at: r.try_get(at + 7)?,
+        last_error: r.try_get(at + 8)?,
+        created_at: r.try_get(at + 9)?,
+        completed_at: r.try_get(at + 10)?,
     })
 }
 
@@ -539,10 +539,10 @@ pub async fn retry(db: &impl GenericClient, project: ProjectId, id: ForwardId, e
     let Some(row) = db.query_opt(&sql, &[&id, &project, &extra_attempts, &AnnouncementReason::ManualRetry.as_str()]).await? else {
         return Ok(ForwardRetryOutcome::NotFound);
     };
-    if row.get::<_, bool>(1) {
+    if row.try_get::<_, bool>(1)? {
         return Ok(ForwardRetryOutcome::Retried(Box::new(summary_from(&row, 2)?)));
     }
-    let status = row.get::<_, &str>(0).parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?;
+    let status = row.try_get::<_, &str>(0)?.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?;
     Ok(ForwardRetryOutcome::NotFailed(status))
 }
 
@@ -645,10 +645,10 @@ pub async fn retry_many(db: &impl GenericClient, project: ProjectId, selection: 
     let mut out = BulkForwardRetry::default();
     let mut seen = std::collections::HashMap::new();
     for r in &rows {
-        let id = ForwardId(r.get(0));
-        if r.get::<_, bool>(2) {
+        let id = ForwardId(r.try_get(0)?);
+        if r.try_get::<_, bool>(2)? {
             out.retried.push(id);
-        } else if let Some(status) = r.get::<_, Option<&str>>(1).and_then(|s| s.parse::<DeliveryStatus>().ok()) {
+        } else if let Some(status) = r.try_get::<_, Option<&str>>(1)?.and_then(|s| s.parse::<DeliveryStatus>().ok()) {
             seen.insert(id, status);
         }
     }
@@ -721,12 +721,17 @@ pub async fn replay(db: &impl GenericClient, project: ProjectId, id: IncomingEve
         .await?;
     let Some(first) = rows.first() else { return Ok(ReplayOutcome::NotFound) };
     if destination.is_some() {
-        match first.get::<_, Option<bool>>(0) {
+        match first.try_get::<_, Option<bool>>(0)? {
             None => return Ok(ReplayOutcome::DestinationNotFound),
             Some(false) => return Ok(ReplayOutcome::DestinationDisabled),
             Some(true) => {}
         }
     }
-    let forwards = rows.iter().filter(|r| r.get::<_, bool>(1)).map(|r| summary_from(r, 2)).collect::<Result<_, _>>()?;
+    let mut forwards = Vec::with_capacity(rows.len());
+    for r in &rows {
+        if r.try_get::<_, bool>(1)? {
+            forwards.push(summary_from(r, 2)?);
+        }
+    }
     Ok(ReplayOutcome::Replayed(forwards))
 }
