@@ -15,7 +15,7 @@ use crate::error::{UiError, UiResult};
 use crate::form::Form;
 use crate::page::{self, next_page, paginate};
 use crate::query::{self, EndpointHealth};
-use crate::session::Viewer;
+use crate::viewer::Viewer;
 use crate::UiState;
 
 const LIMIT: i64 = 50;

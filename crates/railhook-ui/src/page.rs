@@ -1,17 +1,19 @@
-//! The frame every page shares: skip link, header, navigation, sign-out; and the small
-//! pieces pages repeat (times, status badges, the next-page link).
+//! The frame every page shares: skip link, header, navigation, sign-out; the error page; and
+//! the small pieces pages repeat (times, status badges, circuits, the next-page link).
 //!
 //! The navigation is one table, [`SECTIONS`]: a later page joins it with one line and its
 //! routes in `lib.rs`.
 
-use axum::response::Html;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use railhook_core::DeliveryStatus;
 
 use crate::assets;
+use crate::error::UiError;
 use crate::query::Circuit;
-use crate::session::{Role, Viewer};
+use crate::viewer::{Role, Viewer};
 
 /// A section of the dashboard, as the navigation lists it.
 pub struct Section {
@@ -105,6 +107,25 @@ fn who(viewer: &Viewer) -> Markup {
                 button.link type="submit" { "Sign out" }
             }
         }
+    }
+}
+
+/// An error as a page: the sign-in page or the project list for a redirect, else the
+/// status with its message, and the way back.
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            UiError::Redirect(to) => return (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response(),
+            UiError::Client(status, message) => (status, message),
+            UiError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong on our side; it has been logged. Try again.".to_string()),
+        };
+        let title = status.canonical_reason().unwrap_or("Error");
+        let body = html! {
+            h1 { (status.as_u16()) " " (title) }
+            p role="alert" { (message) }
+            p { a href="/ui/" { "Back to the overview" } }
+        };
+        (status, bare(title, body)).into_response()
     }
 }
 

@@ -14,7 +14,7 @@ use crate::deliveries::parse_opt;
 use crate::error::{UiError, UiResult};
 use crate::page::{self, next_page, paginate};
 use crate::query::{self, Circuit};
-use crate::session::Viewer;
+use crate::viewer::Viewer;
 use crate::UiState;
 
 const LIMIT: i64 = 50;
