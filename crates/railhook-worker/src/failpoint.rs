@@ -19,7 +19,9 @@ use crate::error::{ErrorKind, WorkerError};
 pub const TASK_PANIC_ENV: &str = "RAILHOOK_FAILPOINT_TASK_PANIC";
 
 /// Which attempt tasks panic: `every:N` (the N-th, 2N-th, ... task of this worker process) or
-/// `probability:P` (each with probability P, 0 < P <= 1).
+/// `probability:P` (each with probability P, 0 < P <= 1); a bare number is either, by its
+/// value (below 1 a probability, a whole number from 1 every N-th), the form the chaos suite
+/// sets (`0.05`).
 #[derive(Debug)]
 pub struct TaskPanic {
     rule: Rule,
@@ -55,7 +57,12 @@ impl TaskPanic {
                 Ok(p) if p > 0.0 && p <= 1.0 => Rule::Probability(p),
                 _ => return Err(format!("probability:P needs 0 < P <= 1, not '{p}'")),
             },
-            _ => return Err("expected every:N or probability:P".into()),
+            None => match value.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p < 1.0 => Rule::Probability(p),
+                Ok(n) if n >= 1.0 && n.fract() == 0.0 && n <= u64::MAX as f64 => Rule::Every(n as u64),
+                _ => return Err("expected every:N, probability:P, a probability below 1 or a whole number N".into()),
+            },
+            _ => return Err("expected every:N, probability:P, a probability below 1 or a whole number N".into()),
         };
         Ok(TaskPanic { rule, asked: AtomicU64::new(0) })
     }
@@ -90,8 +97,15 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_number_is_a_probability_below_1_and_a_period_from_1() {
+        assert_eq!(TaskPanic::parse("0.05").unwrap().rule, Rule::Probability(0.05));
+        assert_eq!(TaskPanic::parse(" 3 ").unwrap().rule, Rule::Every(3));
+        assert_eq!(TaskPanic::parse("1").unwrap().rule, Rule::Every(1));
+    }
+
+    #[test]
     fn anything_else_is_refused() {
-        for bad in ["", "3", "every:0", "every:-1", "every:x", "probability:0", "probability:1.5", "probability:nan", "sometimes:2"] {
+        for bad in ["", "0", "-1", "2.5", "nan", "every:0", "every:-1", "every:x", "probability:0", "probability:1.5", "probability:nan", "sometimes:2"] {
             assert!(TaskPanic::parse(bad).is_err(), "{bad} was accepted");
         }
     }
