@@ -44,6 +44,8 @@ pub struct WorkerMetrics {
     pub scheduled: IntCounter,
     pub swept: IntCounterVec,
     pub in_flight: IntGauge,
+    /// Attempt tasks that ended in a panic (their slot and permit were given back).
+    pub task_panics: IntCounter,
     /// Claims per `railhook_claim_batch` call.
     pub claim_batch_size: Histogram,
     pub finalise_batch_size: Histogram,
@@ -108,6 +110,7 @@ impl WorkerMetrics {
             )
             .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
+            task_panics: counter("railhook_worker_task_panics_total", "Attempt tasks that panicked (their Endpoint slot was given back; the sweeps recover the Delivery)."),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             delivery_wait: prometheus::Gauge::new("railhook_worker_delivery_wait_seconds", "How long a new Delivery would wait for its claim in this worker's queues that wait on the worker itself (ingest pacing's signal).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
@@ -139,6 +142,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.scheduled.clone()))?;
         registry.register(Box::new(self.swept.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
+        registry.register(Box::new(self.task_panics.clone()))?;
         registry.register(Box::new(self.claim_batch_size.clone()))?;
         registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;

@@ -84,7 +84,7 @@ async fn a_batch_writes_every_attempt_and_changes_only_the_deliveries_it_holds()
     assert_eq!(next.map(|t| t.timestamp_millis()), Some(retry_at.timestamp_millis()));
     // Three outcomes counted (the fenced-out one is not), on the endpoints they belong to.
     let counted: Vec<(Uuid, i32, i32)> = client
-        .query("SELECT endpoint_id, successes, failures FROM endpoint_circuits ORDER BY endpoint_id", &[])
+        .query("SELECT endpoint_id, successes, failures FROM circuits ORDER BY endpoint_id", &[])
         .await
         .unwrap()
         .iter()
@@ -111,7 +111,7 @@ async fn failures_in_one_batch_open_the_circuit_once() {
     // The endpoint's four failures are recorded at once (one circuit update per endpoint and
     // batch): past the minimum volume, it opens, reported once, on the endpoint's last row.
     assert_eq!(changes, vec![None, None, None, Some("opened".to_string())]);
-    let state: String = pool.get().await.unwrap().query_one("SELECT state FROM endpoint_circuits", &[]).await.unwrap().get(0);
+    let state: String = pool.get().await.unwrap().query_one("SELECT state FROM circuits", &[]).await.unwrap().get(0);
     assert_eq!(state, "open");
     assert!(out.iter().all(|f| f.wrote));
 }
@@ -139,7 +139,7 @@ async fn concurrent_batches_over_the_same_endpoints_finish() {
     let client = pool.get().await.unwrap();
     let done: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'SUCCESS'", &[]).await.unwrap().get(0);
     assert_eq!(done as usize, claimed.len());
-    let counted: i64 = client.query_one("SELECT sum(successes) FROM endpoint_circuits", &[]).await.unwrap().get(0);
+    let counted: i64 = client.query_one("SELECT sum(successes) FROM circuits", &[]).await.unwrap().get(0);
     assert_eq!(counted as usize, claimed.len());
 }
 

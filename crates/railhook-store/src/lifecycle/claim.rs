@@ -178,10 +178,10 @@ pub async fn claim_batch_finishing<C: Prepared>(
     // runs after the claim committed.
     let (outcomes, rows) = tokio::join!(db.query(&claim, &claim_params), db.query(&read, &read_params));
     let (outcomes, rows) = (outcomes?, rows?);
-    let mut claimed: std::collections::HashMap<ClaimToken, Claimed> = rows.iter().map(|r| (r.get::<_, ClaimToken>(17), claimed_row(r))).collect();
+    let mut claimed: std::collections::HashMap<ClaimToken, Claimed> = rows.iter().map(|r| Ok((r.try_get::<_, ClaimToken>(17)?, claimed_row(r)?))).collect::<Result<_, tokio_postgres::Error>>()?;
     let mut results: Vec<ClaimResult> = vec![ClaimResult::Nothing; requests.len()];
     for row in outcomes {
-        let (idx, outcome): (i32, String) = (row.get(0), row.get(1));
+        let (idx, outcome): (i32, String) = (row.try_get(0)?, row.try_get(1)?);
         let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
         results[i] = match outcome.as_str() {
             "none" => ClaimResult::Nothing,
@@ -210,30 +210,30 @@ pub async fn claim_batch_finishing<C: Prepared>(
     Ok(results)
 }
 
-fn claimed_row(r: &tokio_postgres::Row) -> Claimed {
-    Claimed {
-        id: r.get(0),
-        project_id: r.get(1),
-        event_id: r.get(2),
-        endpoint_id: r.get(3),
-        token: r.get(17),
-        attempt_count: r.get(4),
-        max_attempts: r.get(5),
-        retry_delays: r.get(6),
-        timeout_seconds: r.get(7),
-        sequence_number: r.get(8),
-        ladder_started_at: r.get(9),
-        event_type: r.get(10),
-        event_created_at: r.get(11),
-        payload: r.get(12),
-        url: r.get(13),
-        enabled: r.get(14),
-        headers: r.get(15),
-        secrets: r.get(16),
-        parked_at: r.get(18),
+fn claimed_row(r: &tokio_postgres::Row) -> Result<Claimed, tokio_postgres::Error> {
+    Ok(Claimed {
+        id: r.try_get(0)?,
+        project_id: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        endpoint_id: r.try_get(3)?,
+        token: r.try_get(17)?,
+        attempt_count: r.try_get(4)?,
+        max_attempts: r.try_get(5)?,
+        retry_delays: r.try_get(6)?,
+        timeout_seconds: r.try_get(7)?,
+        sequence_number: r.try_get(8)?,
+        ladder_started_at: r.try_get(9)?,
+        event_type: r.try_get(10)?,
+        event_created_at: r.try_get(11)?,
+        payload: r.try_get(12)?,
+        url: r.try_get(13)?,
+        enabled: r.try_get(14)?,
+        headers: r.try_get(15)?,
+        secrets: r.try_get(16)?,
+        parked_at: r.try_get(18)?,
         gap_timeout: false,
         behind: false,
-    }
+    })
 }
 
 /// Gives back a Delivery the worker's Ordering Buffer held behind a predecessor that did not

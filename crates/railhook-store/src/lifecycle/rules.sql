@@ -1,5 +1,6 @@
 -- The rules of the Delivery lifecycle: the claim's admission, the batch finalise and the
--- circuit breaker. A repeatable migration: applied again by `railhook migrate` whenever this
+-- circuit breaker (which the Forwards' claim and finalise, `lifecycle/forward.rs`, use as
+-- well). A repeatable migration: applied again by `railhook migrate` whenever this
 -- file's checksum changes (railhook_repeatables), after the versioned migrations and under
 -- the migration lock, in one transaction. Edit the rules here; the Rust side that calls them
 -- is crates/railhook-store/src/lifecycle/ (claim.rs, finalise.rs). Keep every signature: a
@@ -84,8 +85,8 @@ DECLARE
     i integer;
     d record;
     c_state text;
-    c_opened timestamptz;
-    c_probe timestamptz;
+    c_reason text;
+    c_until timestamptz;
     ep_rate integer;
     ep_enabled boolean;
     n integer;
@@ -205,19 +206,12 @@ BEGIN
             END IF;
         END IF;
 
-        -- The circuit.
-        c_state := NULL;
-        SELECT state, opened_at, probe_at INTO c_state, c_opened, c_probe FROM endpoint_circuits WHERE endpoint_id = d.endpoint_id;
-        IF reason IS NOT NULL THEN
-            NULL;
-        ELSIF c_state = 'open' THEN
-            IF now() < c_opened + make_interval(secs => p_circuit_cooldown_s) THEN
-                reason := 'circuit_open';
-                defer_until := c_opened + make_interval(secs => p_circuit_cooldown_s);
-            END IF;
-        ELSIF c_state = 'half_open' AND c_probe > now() - make_interval(secs => p_probe_timeout_s) THEN
-            reason := 'circuit_half_open';
-            defer_until := now() + interval '1 second';
+        -- The circuit (railhook_circuit_admit; no row: closed).
+        SELECT a.state, a.reason, a.defer_until INTO c_state, c_reason, c_until
+        FROM railhook_circuit_admit(d.endpoint_id, p_circuit_cooldown_s, p_probe_timeout_s) AS a;
+        IF reason IS NULL AND c_reason IS NOT NULL THEN
+            reason := c_reason;
+            defer_until := c_until;
         END IF;
 
         -- Concurrency.
@@ -292,11 +286,9 @@ BEGIN
                 used = CASE WHEN r.window_start = excluded.window_start THEN r.used + 1 ELSE 1 END,
                 window_start = excluded.window_start;
         END IF;
-        IF c_state = 'open' THEN
-            -- Cool-down over: this claim is the half-open probe.
-            UPDATE endpoint_circuits SET state = 'half_open', probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
-        ELSIF c_state = 'half_open' THEN
-            UPDATE endpoint_circuits SET probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
+        IF c_state IN ('open', 'half_open') THEN
+            -- Admitted through a circuit that is not closed: this claim is the probe.
+            PERFORM railhook_circuit_take_probe(d.endpoint_id, p_tokens[i]);
         END IF;
         idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' WHEN behind THEN 'claimed:behind' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
@@ -490,7 +482,7 @@ BEGIN
             SELECT array_agg(p_tokens[j] ORDER BY j), array_agg(p_healthy[j] ORDER BY j) INTO run_tokens, run_healthy
             FROM generate_series(run_start, i) AS j WHERE j = ANY (fenced);
             IF run_tokens IS NOT NULL THEN
-                circuit := railhook_circuit_record_many(p_endpoints[i], run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+                circuit := railhook_circuit_record_many(p_endpoints[i], 'endpoint', run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
             END IF;
             run_start := i + 1;
         END IF;
@@ -517,7 +509,40 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- The circuit breaker: records the outcomes of one endpoint's Attempts of a finalise batch
+-- The circuit breaker, of an Endpoint (the Deliveries' claim and finalise above) or of a
+-- Destination (the Forwards', railhook_store::lifecycle::forward): one row of `circuits`
+-- per target (migration 0026), looked up by `target_id`, the Endpoint's or Destination's id.
+--
+-- States: closed (normal); open (every claim deferred until opened_at + the cool-down, no
+-- Attempt spent); half_open (one probe Attempt in flight: its outcome closes or reopens the
+-- circuit; the others are deferred by 1 s; a probe older than the probe timeout is replaced
+-- by the next claim). p_kind is 'endpoint' or 'destination'.
+
+-- The admission: for a claim of a Delivery or Forward of p_target, the circuit's state and,
+-- when the claim must wait, the Deferral's reason and until when. No row: closed (a circuit
+-- row is made by its first recorded outcome).
+CREATE OR REPLACE FUNCTION railhook_circuit_admit(
+    p_target uuid, p_cooldown_s double precision, p_probe_timeout_s double precision
+) RETURNS TABLE (state text, reason text, defer_until timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT c.state,
+           CASE WHEN c.state = 'open' AND now() < c.opened_at + make_interval(secs => p_cooldown_s) THEN 'circuit_open'
+                WHEN c.state = 'half_open' AND c.probe_at > now() - make_interval(secs => p_probe_timeout_s) THEN 'circuit_half_open' END,
+           CASE WHEN c.state = 'open' AND now() < c.opened_at + make_interval(secs => p_cooldown_s) THEN c.opened_at + make_interval(secs => p_cooldown_s)
+                WHEN c.state = 'half_open' AND c.probe_at > now() - make_interval(secs => p_probe_timeout_s) THEN now() + interval '1 second' END
+    FROM circuits c WHERE c.target_id = p_target
+$$;
+
+-- A claim admitted while the circuit was open (cool-down over) or half-open (its probe timed
+-- out) is the probe: its Claim token is the one whose outcome counts. Nothing when the
+-- circuit closed meanwhile.
+CREATE OR REPLACE FUNCTION railhook_circuit_take_probe(p_target uuid, p_token uuid) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    UPDATE circuits SET state = 'half_open', probe_token = p_token, probe_at = now()
+    WHERE target_id = p_target AND state IN ('open', 'half_open')
+$$;
+
+-- Records the outcomes of one target's Attempts of a finalise batch
 -- (p_tokens[i], p_healthy[i], in the batch's order) in its circuit, with one row lock and
 -- one update; returns the change ('opened', 'closed', 'reopened') or NULL. A failure is an
 -- outcome that asks for a retry. Closed: the batch's outcomes are added to the current
@@ -526,8 +551,9 @@ $$;
 -- Attempt under probe_token) counts; it closes the circuit on success and reopens it on
 -- failure. Open: nothing is recorded.
 DROP FUNCTION IF EXISTS railhook_circuit_record(uuid, uuid, boolean, double precision, integer, double precision);
+DROP FUNCTION IF EXISTS railhook_circuit_record_many(uuid, uuid[], boolean[], double precision, integer, double precision);
 CREATE OR REPLACE FUNCTION railhook_circuit_record_many(
-    p_endpoint uuid, p_tokens uuid[], p_healthy boolean[],
+    p_target uuid, p_kind text, p_tokens uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
@@ -537,20 +563,22 @@ DECLARE
     ok integer;
     bad integer;
 BEGIN
-    INSERT INTO endpoint_circuits (endpoint_id) VALUES (p_endpoint) ON CONFLICT (endpoint_id) DO NOTHING;
-    SELECT * INTO c FROM endpoint_circuits WHERE endpoint_id = p_endpoint FOR UPDATE;
+    INSERT INTO circuits (endpoint_id, destination_id)
+    VALUES (CASE WHEN p_kind = 'endpoint' THEN p_target END, CASE WHEN p_kind = 'destination' THEN p_target END)
+    ON CONFLICT (target_id) DO NOTHING;
+    SELECT * INTO c FROM circuits WHERE target_id = p_target FOR UPDATE;
     IF c.state = 'half_open' THEN
         probe := array_position(p_tokens, c.probe_token);
         IF probe IS NULL THEN
             RETURN NULL;
         END IF;
         IF p_healthy[probe] THEN
-            UPDATE endpoint_circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
-                                         opened_at = NULL, probe_token = NULL, probe_at = NULL
-            WHERE endpoint_id = p_endpoint;
+            UPDATE circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
+                                opened_at = NULL, probe_token = NULL, probe_at = NULL
+            WHERE target_id = p_target;
             RETURN 'closed';
         END IF;
-        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), probe_token = NULL, probe_at = NULL WHERE endpoint_id = p_endpoint;
+        UPDATE circuits SET state = 'open', opened_at = now(), probe_token = NULL, probe_at = NULL WHERE target_id = p_target;
         RETURN 'reopened';
     END IF;
     IF c.state <> 'closed' THEN
@@ -566,11 +594,34 @@ BEGIN
     c.failures := c.failures + bad;
     IF p_min_volume > 0 AND c.successes + c.failures >= p_min_volume
        AND c.failures::double precision / (c.successes + c.failures) >= p_ratio THEN
-        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
-        WHERE endpoint_id = p_endpoint;
+        UPDATE circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
+        WHERE target_id = p_target;
         RETURN 'opened';
     END IF;
-    UPDATE endpoint_circuits SET window_start = c.window_start, successes = c.successes, failures = c.failures WHERE endpoint_id = p_endpoint;
+    UPDATE circuits SET window_start = c.window_start, successes = c.successes, failures = c.failures WHERE target_id = p_target;
     RETURN NULL;
+END
+$$;
+
+-- railhook_circuit_record_many for a batch in any order (the Forwards' finalise): each
+-- target's outcomes in the batch's order, recorded once per target, targets in key order (so
+-- two batches lock circuit rows in one order). One row per target with its change or NULL.
+CREATE OR REPLACE FUNCTION railhook_circuit_record_batch(
+    p_kind text, p_targets uuid[], p_tokens uuid[], p_healthy boolean[],
+    p_window_s double precision, p_min_volume integer, p_ratio double precision
+) RETURNS TABLE (target uuid, change text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    t uuid;
+    run_tokens uuid[];
+    run_healthy boolean[];
+BEGIN
+    FOR t IN SELECT DISTINCT x FROM unnest(p_targets) AS x WHERE x IS NOT NULL ORDER BY x LOOP
+        SELECT array_agg(u.tok ORDER BY u.n), array_agg(u.ok ORDER BY u.n) INTO run_tokens, run_healthy
+        FROM unnest(p_targets, p_tokens, p_healthy) WITH ORDINALITY AS u(tgt, tok, ok, n) WHERE u.tgt = t;
+        target := t;
+        change := railhook_circuit_record_many(t, p_kind, run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
