@@ -131,11 +131,14 @@ async fn the_lifecycle_rules_are_applied_and_recorded() {
     let recorded: String = client.query_one("SELECT checksum FROM railhook_repeatables WHERE name = $1", &[&name]).await.unwrap().get(0);
     assert_eq!(recorded, Migration { version: 0, name: name.into(), sql: sql.into() }.checksum());
     // rules.sql is what the claim runs: its disabled-endpoint rule is in the function body.
-    let body: String = client.query_one("SELECT prosrc FROM pg_proc WHERE proname = 'railhook_claim_batch' AND pronargs = 11", &[]).await.unwrap().get(0);
+    let body: String = client.query_one("SELECT prosrc FROM pg_proc WHERE proname = 'railhook_claim_batch' AND pronargs = 13", &[]).await.unwrap().get(0);
     assert!(body.contains("endpoint_disabled"));
-    // The signature before `p_finishing` stays, for workers of the previous build, and calls it.
-    let wrapper: String = client.query_one("SELECT prosrc FROM pg_proc WHERE proname = 'railhook_claim_batch' AND pronargs = 10", &[]).await.unwrap().get(0);
-    assert!(wrapper.contains("railhook_claim_batch("), "{wrapper}");
+    // The signatures before `p_finishing` and before `p_announced`/`p_mine` stay, for
+    // workers of previous builds, and call it.
+    for nargs in [10i16, 11] {
+        let wrapper: String = client.query_one("SELECT prosrc FROM pg_proc WHERE proname = 'railhook_claim_batch' AND pronargs = $1", &[&nargs]).await.unwrap().get(0);
+        assert!(wrapper.contains("railhook_claim_batch("), "{wrapper}");
+    }
 }
 
 async fn rule(client: &tokio_postgres::Client) -> String {
