@@ -78,6 +78,11 @@ pub struct Receiver {
     pub arrivals: Mutex<HashMap<String, Instant>>,
     pub count: AtomicU64,
     pub duplicates: AtomicU64,
+    /// Per path, the `X-Sequence-Number` of the last first arrival (ordered Endpoints).
+    pub sequences: Mutex<HashMap<String, u64>>,
+    /// First arrivals whose `X-Sequence-Number` was not the path's previous one plus one
+    /// (out of order, or a gap).
+    pub order_violations: AtomicU64,
 }
 
 impl Receiver {
@@ -96,6 +101,8 @@ impl Receiver {
                         let state = state.clone();
                         async move {
                             let at = Instant::now();
+                            let path = req.uri().path().to_string();
+                            let sequence: Option<u64> = req.headers().get("x-sequence-number").and_then(|v| v.to_str().ok()?.parse().ok());
                             let id = req
                                 .headers()
                                 .get("webhook-id")
@@ -112,6 +119,13 @@ impl Receiver {
                                     }
                                     std::collections::hash_map::Entry::Vacant(v) => {
                                         v.insert(at);
+                                        if let Some(n) = sequence {
+                                            let mut last = state.sequences.lock().unwrap();
+                                            let previous = last.insert(path, n).unwrap_or(0);
+                                            if n != previous + 1 {
+                                                state.order_violations.fetch_add(1, Ordering::Relaxed);
+                                            }
+                                        }
                                     }
                                 }
                             }
