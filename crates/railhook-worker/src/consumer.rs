@@ -62,6 +62,9 @@ pub struct Hint {
     /// When its announcement was committed (the relay's `commit_time_us` header), if known:
     /// the claim tells a retry's hint that overtook that commit from a stale one.
     pub announced_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its Kafka partition and offset: one Endpoint's hints are claimed in this order within
+    /// a claim batch (its ordered Deliveries' commit order). `None` without a message.
+    pub position: Option<(i32, i64)>,
 }
 
 /// Parses a message (`railhook_kafka::Announcement`, the relay's contract): the hint and its
@@ -69,7 +72,7 @@ pub struct Hint {
 pub fn parse_hint(key: &[u8], payload: &[u8]) -> Option<(railhook_core::EndpointId, Hint)> {
     match railhook_kafka::Announcement::parse_keyed(key, payload) {
         Ok(railhook_kafka::Announcement { target: railhook_kafka::Target::Delivery { delivery, endpoint }, claim_token, .. }) => {
-            Some((endpoint, Hint { delivery, claim_token, announced_at: None }))
+            Some((endpoint, Hint { delivery, claim_token, announced_at: None, position: None }))
         }
         Ok(_) => None,
         Err(e) => {
@@ -107,7 +110,7 @@ mod tests {
         let key = ep.to_string();
         let token = railhook_core::ClaimToken::new();
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "retry", "claim_token": token.to_string()});
-        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token), announced_at: None })));
+        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token), announced_at: None, position: None })));
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "created"});
         assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()).unwrap().1.claim_token, None);
         let forward = serde_json::json!({"v": 1, "forward_id": railhook_core::ForwardId::new().to_string(), "reason": "created"}).to_string();

@@ -211,6 +211,7 @@ impl Consuming<'_> {
             return;
         };
         hint.announced_at = stamp.commit_time_us.and_then(chrono::DateTime::from_timestamp_micros);
+        hint.position = Some((partition, offset));
         let queued = queues::Queued { hint, place: Some((partition, offset)), received: Some(received) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
@@ -237,7 +238,7 @@ impl Consuming<'_> {
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
-                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None }, place: None, received: None };
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None, position: None }, place: None, received: None };
                     if let Some(start) = self.queues.offer(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);

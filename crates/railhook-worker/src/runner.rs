@@ -312,7 +312,7 @@ impl Runner {
         let claimed = match claimed? {
             Some(ClaimResult::Claimed(c)) => *c,
             None => return Ok(Ran::NothingClaimed.into()),
-            Some(ClaimResult::Nothing | ClaimResult::Missing) => {
+            Some(ClaimResult::Nothing | ClaimResult::Missing | ClaimResult::Behind) => {
                 self.metrics.claims_lost.inc();
                 return Ok(Ran::NothingClaimed.into());
             }
@@ -360,11 +360,25 @@ impl Runner {
     /// hard stop. Both waits hold the hint's offset: a crash meanwhile redelivers the hint,
     /// and so does a shutdown (the offset stays uncommitted).
     async fn claim(&self, hint: Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
-        let request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at };
+        let mut request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at, position: hint.position };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
+        let mut behind_waits = UNSEEN_RETRY_MS.iter();
         let mut failures = 0u32;
         loop {
             let wait = match self.claimer.call(request).await {
+                // An ordered Delivery whose predecessor's hint is about to claim it: claim again
+                // shortly (holding the slot), to go behind it. After about 4 s the claim is
+                // made in the Deferral mode, which parks it.
+                Ok(ClaimResult::Behind) => {
+                    self.metrics.claims_busy.with_label_values(&[DeferralReason::Ordering.as_str()]).inc();
+                    match behind_waits.next() {
+                        Some(ms) => Duration::from_millis(*ms),
+                        None => {
+                            request.wait = false;
+                            Duration::ZERO
+                        }
+                    }
+                }
                 // The hint overtook its Delivery's commit: claim again shortly. After the
                 // last wait the row is taken to be gone (deleted with its endpoint).
                 Ok(ClaimResult::Missing) => match unseen_waits.next() {

@@ -15,7 +15,7 @@ fn limits(endpoint: i32, project: i32) -> Limits {
 
 fn first(delivery: &str) -> ClaimRequest {
     let id: railhook_core::DeliveryId = delivery.parse().unwrap();
-    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None }
+    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None }
 }
 
 fn kinds(results: &[ClaimResult]) -> Vec<String> {
@@ -25,6 +25,7 @@ fn kinds(results: &[ClaimResult]) -> Vec<String> {
             ClaimResult::Claimed(_) => "claimed".to_string(),
             ClaimResult::Nothing => "none".to_string(),
             ClaimResult::Missing => "missing".to_string(),
+            ClaimResult::Behind => "busy:ordering".to_string(),
             ClaimResult::Deferred(reason) => reason.to_string(),
             ClaimResult::Busy(reason) => format!("busy:{reason}"),
         })
@@ -132,8 +133,8 @@ async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
     let late = Uuid::new_v4();
     let done_id: railhook_core::DeliveryId = done.parse().unwrap();
     railhook_testkit::relay::insert_delivery_copy(&writer, late, done_id.0).await;
-    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None, wait: false, announced_at: None };
-    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None }], &limits(0, 0)).await.unwrap();
+    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None };
+    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None }], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["missing", "none", "missing"]);
     writer.batch_execute("COMMIT").await.unwrap();
     let results = store::claim_batch(&client, &[late_request], &limits(0, 0)).await.unwrap();

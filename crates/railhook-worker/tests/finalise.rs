@@ -32,7 +32,7 @@ async fn setup(endpoints: usize, events: usize) -> (TestDb, railhook_store::Pool
     for _ in 0..events {
         for d in fixture.ingest(&pool, "order.created").await {
             let id: railhook_core::DeliveryId = d.parse().unwrap();
-            requests.push(ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None });
+            requests.push(ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None });
         }
     }
     let pooled = pool.get().await.unwrap();

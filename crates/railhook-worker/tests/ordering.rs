@@ -127,7 +127,7 @@ async fn a_parked_delivery_shows_when_it_was_parked() {
     eventually(Duration::from_secs(30), "the worker to stop", || async { sys.worker.task.is_finished().then_some(()) }).await;
     let a = fixture.ingest(&sys.pool, "order.created").await.remove(0);
     let limits = railhook_store::lifecycle::Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 600.0, synchronous_commit: true };
-    let request = railhook_store::lifecycle::ClaimRequest { delivery: a.parse().unwrap(), token: railhook_core::ClaimToken::new(), hint: None, wait: false, announced_at: None };
+    let request = railhook_store::lifecycle::ClaimRequest { delivery: a.parse().unwrap(), token: railhook_core::ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None };
     let claimed = railhook_store::lifecycle::claim_batch(&sys.pool.get().await.unwrap(), &[request], &limits).await.unwrap();
     assert!(matches!(claimed[0], railhook_store::lifecycle::ClaimResult::Claimed(_)), "{claimed:?}");
     let worker = Worker::start(&sys.config);

@@ -111,6 +111,10 @@ pub enum ClaimResult {
     Missing,
     /// A Deferral: the Delivery stays PENDING, due again later, no Attempt spent.
     Deferred(DeferralReason),
+    /// (Waiting mode) an ordered Delivery whose predecessor is due and not claimed yet: its
+    /// own hint is about to claim it. Nothing was written; claimed again shortly, it goes
+    /// behind the predecessor.
+    Behind,
     /// A claim in the waiting mode found this limit taken: nothing was written; the hint
     /// may claim again when a slot frees or the rate window opens.
     Busy(DeferralReason),
@@ -125,12 +129,16 @@ pub struct ClaimRequest {
     pub token: ClaimToken,
     pub hint: Option<ClaimToken>,
     /// The waiting mode: a concurrency or rate limit answers [`ClaimResult::Busy`] instead of
-    /// a Deferral (the worker's per-Endpoint queue waits it out).
+    /// a Deferral (the worker's per-Endpoint queue waits it out), and an ordered Delivery
+    /// whose predecessor is due and unclaimed [`ClaimResult::Behind`].
     pub wait: bool,
     /// When the hint's announcement was committed (the relay's `commit_time_us` header), if
     /// known: tells a retry's hint that overtook the scheduler's commit ([`ClaimResult::Missing`])
     /// from a stale one ([`ClaimResult::Nothing`]).
     pub announced_at: Option<DateTime<Utc>>,
+    /// Where the hint came from (Kafka partition and offset), if anywhere: a batch is decided
+    /// in this order, so one Endpoint's ordered Deliveries go predecessor first.
+    pub position: Option<(i32, i64)>,
 }
 
 /// 6.1 with the admission checks, for many Deliveries at once: `railhook_claim_batch`
@@ -161,6 +169,28 @@ pub async fn claim_batch_finishing<C: Prepared>(
     if requests.is_empty() {
         return Ok(Vec::new());
     }
+    // In the order of their hints' Kafka positions (one Endpoint's hints are on one partition,
+    // in commit order), so that an Endpoint's ordered Deliveries are decided predecessor first
+    // whatever order their tasks reached the batch in; the rest after, by Delivery id. The
+    // answers go back in the order of `requests`.
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by_key(|&i| (requests[i].position.is_none(), requests[i].position, requests[i].delivery.0));
+    let requests: Vec<ClaimRequest> = order.iter().map(|&i| requests[i]).collect();
+    let results = claim_sorted(db, &requests, limits, finishing, mine).await?;
+    let mut out = vec![ClaimResult::Nothing; results.len()];
+    for (result, i) in results.into_iter().zip(order) {
+        out[i] = result;
+    }
+    Ok(out)
+}
+
+async fn claim_sorted<C: Prepared>(
+    db: &C,
+    requests: &[ClaimRequest],
+    limits: &Limits,
+    finishing: &[ClaimToken],
+    mine: &[ClaimToken],
+) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     let claim = db.prepare_cached(claim_sql(limits.synchronous_commit)).await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
@@ -186,6 +216,7 @@ pub async fn claim_batch_finishing<C: Prepared>(
         results[i] = match outcome.as_str() {
             "none" => ClaimResult::Nothing,
             "missing" => ClaimResult::Missing,
+            "busy:ordering" => ClaimResult::Behind,
             // Claimed and read back; a row gone between the two statements (swept) claims
             // nothing.
             "claimed" | "claimed:gap" | "claimed:behind" => match claimed.remove(&requests[i].token) {

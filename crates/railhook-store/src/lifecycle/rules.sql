@@ -97,6 +97,8 @@ DECLARE
     pred_status delivery_status;
     pred_parked timestamptz;
     pred_token uuid;
+    pred_next timestamptz;
+    ordering_busy boolean;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -186,8 +188,9 @@ BEGIN
         -- really stuck (PENDING on its own retry ladder), not along the chain behind it.
         gap := false;
         behind := false;
+        ordering_busy := false;
         IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
-            SELECT p.status, p.parked_at, p.claim_token INTO pred_status, pred_parked, pred_token FROM deliveries p
+            SELECT p.status, p.parked_at, p.claim_token, p.next_retry_at INTO pred_status, pred_parked, pred_token, pred_next FROM deliveries p
             WHERE p.endpoint_id = d.endpoint_id AND p.sequence_number = d.sequence_number - 1;
             IF FOUND AND pred_status = 'PROCESSING'
                AND (pred_token = ANY (p_mine) OR pred_token = ANY (p_tokens[1:i - 1])) THEN
@@ -196,6 +199,14 @@ BEGIN
             ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
                 reason := 'ordering';
                 defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
+            ELSIF FOUND AND pred_status = 'PENDING' AND pred_parked IS NULL AND pred_token IS NULL
+                  AND (pred_next IS NULL OR pred_next <= now()) AND coalesce(p_wait[i], false) THEN
+                -- The predecessor is due and unclaimed: its own hint is about to claim it (the
+                -- claims of one Endpoint's hints can reach Postgres out of their order). In the
+                -- waiting mode, wait for it in the worker ('busy:ordering') rather than park:
+                -- once it is claimed, this one goes behind it.
+                reason := 'ordering';
+                ordering_busy := true;
             ELSIF FOUND AND pred_status = 'PENDING' THEN
                 IF d.parked_at IS NULL OR now() < d.parked_at + make_interval(secs => p_gap_s) THEN
                     reason := 'ordering';
@@ -251,7 +262,7 @@ BEGIN
             END IF;
         END IF;
 
-        IF reason IN ('endpoint_concurrency', 'project_concurrency', 'endpoint_rate', 'project_rate')
+        IF (ordering_busy OR reason IN ('endpoint_concurrency', 'project_concurrency', 'endpoint_rate', 'project_rate'))
            AND coalesce(p_wait[i], false) THEN
             idx := i; outcome := 'busy:' || reason; RETURN NEXT;
             CONTINUE;
