@@ -233,6 +233,8 @@ pub struct Forwarder {
     finaliser: Batcher<ForwardFinalise, bool>,
     retry_after_max: Duration,
     max_age: Duration,
+    /// The database's clock: retries are timed on it (`crate::clock`).
+    pub(crate) clock: crate::clock::DbClock,
 }
 
 /// How one hint ended.
@@ -287,6 +289,7 @@ impl Forwarder {
             finaliser,
             retry_after_max: Duration::from_secs(w.retry_after_max_seconds),
             max_age: Duration::from_secs(w.incoming_max_age_seconds),
+            clock: crate::clock::DbClock::default(),
         }
     }
 
@@ -387,7 +390,7 @@ impl Forwarder {
             Verdict::Fail => (Next::Failed, Ran::Failed),
             Verdict::Retry { retry_after } => {
                 let step = ladder::next_step(
-                    Utc::now(), number, f.max_attempts, &f.retry_delays, ladder::jitter(), *retry_after, self.retry_after_max, f.ladder_started_at, self.max_age,
+                    self.clock.now(), number, f.max_attempts, &f.retry_delays, ladder::jitter(), *retry_after, self.retry_after_max, f.ladder_started_at, self.max_age,
                 );
                 match step {
                     Step::RetryAt(at) => (Next::RetryAt(at), Ran::Retrying),
@@ -618,8 +621,10 @@ pub async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
 
 /// Starts the Forwards' consume loop and sweeps (the worker's `run` spawns this); returns when
 /// `shutdown` is cancelled and the Attempts in flight drained.
-pub async fn serve(config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
-    let forwarder = Arc::new(Forwarder::new(&config, pool.clone(), sender, metrics.forwards.clone()));
+pub async fn serve(config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, clock: crate::clock::DbClock, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    let mut forwarder = Forwarder::new(&config, pool.clone(), sender, metrics.forwards.clone());
+    forwarder.clock = clock;
+    let forwarder = Arc::new(forwarder);
     let sweeps = tokio::spawn(sweep_loop(pool, config.clone(), metrics.forwards.clone(), shutdown.clone()));
     let result = run(config, forwarder, shutdown).await;
     sweeps.await.ok();

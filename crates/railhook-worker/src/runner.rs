@@ -90,6 +90,8 @@ pub struct Runner {
     /// This worker's Deliveries between the end of their request and their finalise's
     /// commit; the claimer shares it.
     pub finishing: Finishing,
+    /// The database's clock: retries are timed on it (the claim compares them with `now()`).
+    pub clock: crate::clock::DbClock,
 }
 
 /// This worker's Claims whose HTTP request has ended and whose finalise has not committed
@@ -396,7 +398,7 @@ impl Runner {
             Verdict::Fail => (Next::Failed, Ran::Failed),
             Verdict::Retry { retry_after } => {
                 let step = ladder::next_step(
-                    Utc::now(),
+                    self.clock.now(),
                     claimed.attempt_count + 1,
                     claimed.max_attempts,
                     &claimed.retry_delays,
