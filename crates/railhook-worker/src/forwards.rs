@@ -374,7 +374,7 @@ impl Forwarder {
             number,
             next,
             last_error: last_error(&verdict, &outcome),
-            attempt: record(&outcome, request_headers),
+            attempt: record(&outcome, request_headers, self.clock.offset()),
         };
         if !self.finalise(request).await? {
             self.metrics.fence_lost.inc();
@@ -417,10 +417,10 @@ impl Forwarder {
 }
 
 /// The Attempt as recorded; `request_headers` from [`recorded_headers`] (the Destination's
-/// auth redacted).
-fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
+/// auth redacted); its start on the database's clock (`crate::clock`).
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value, clock_offset: chrono::Duration) -> AttemptRecord {
     AttemptRecord {
-        started_at: outcome.started_at,
+        started_at: outcome.started_at + clock_offset,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),

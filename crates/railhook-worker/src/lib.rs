@@ -370,6 +370,7 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
+    failpoint_task_panic(delivery);
     let (busy, released) = match runner.run(queued.hint, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
@@ -390,6 +391,25 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
     drop(permit);
     let slot_freed = slot_freed.load(std::sync::atomic::Ordering::Relaxed);
     let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released, slot_freed }).await;
+}
+
+/// A fault for the chaos suite (`task_panic`): with `RAILHOOK_FAILPOINT_TASK_PANIC` set to a
+/// probability in (0, 1), or to N >= 1 (every Nth task), an attempt task panics before its
+/// claim, holding its Endpoint's slot in this worker's queue. Unset (always, outside that
+/// suite): nothing. Read once.
+fn failpoint_task_panic(delivery: railhook_core::DeliveryId) {
+    static FAILPOINT: std::sync::OnceLock<Option<(f64, std::sync::atomic::AtomicU64)>> = std::sync::OnceLock::new();
+    let Some((value, count)) = FAILPOINT.get_or_init(|| std::env::var("RAILHOOK_FAILPOINT_TASK_PANIC").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| *v > 0.0).map(|v| (v, std::sync::atomic::AtomicU64::new(0)))) else {
+        return;
+    };
+    let fire = if *value < 1.0 {
+        rand::random::<f64>() < *value
+    } else {
+        (count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).is_multiple_of(*value as u64)
+    };
+    if fire {
+        panic!("failpoint RAILHOOK_FAILPOINT_TASK_PANIC: attempt task for {delivery} panics");
+    }
 }
 
 /// No more messages; Attempts in flight get the grace period, then are cut short (their

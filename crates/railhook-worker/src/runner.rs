@@ -367,7 +367,7 @@ impl Runner {
         // even a 4xx, shows the endpoint is up.
         let healthy = !matches!(verdict, Verdict::Retry { .. });
         let last_error = last_error(&verdict, &outcome);
-        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers), healthy);
+        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers, self.clock.offset()), healthy);
         let finalised = self.finalise(request).await?;
         if let Some(change) = finalised.circuit {
             tracing::info!(endpoint = %claimed.endpoint_id, %change, "circuit state changed");
@@ -478,9 +478,11 @@ fn busy_on(reason: DeferralReason) -> BusyOn {
 /// The Attempt as recorded: the request's headers (credentials redacted, see
 /// [`http::recorded_headers`]; the Endpoint's custom headers go by their names) and what came
 /// back.
-fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
+/// The Attempt as recorded; its start on the database's clock (`crate::clock`), like every
+/// other time of the Delivery's.
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value, clock_offset: chrono::Duration) -> AttemptRecord {
     AttemptRecord {
-        started_at: outcome.started_at,
+        started_at: outcome.started_at + clock_offset,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),
