@@ -9,7 +9,8 @@
 //! which they happened. What came before the first fault is the `baseline`. The longest
 //! accepted-to-arrival time is over the Deliveries of healthy Endpoints' unordered
 //! Subscriptions (which answer at once, so the time is the pipeline's), from the client's
-//! answer to the first 2xx arrival, for the events accepted in the segment.
+//! answer to the first 2xx arrival, for the events accepted in the segment; the longest
+//! across a fault, for the events accepted before it began and arrived after.
 //!
 //! Checks by kind (each fails the run): `postgres_crash`: a Delivery whose claim the crash
 //! forgot (two Attempts with one number) went again within [`FORGOTTEN_RESEND_MAX_S`] of
@@ -95,6 +96,9 @@ pub struct KindReport {
     pub stuck: usize,
     /// Healthy Endpoints' unordered Deliveries of the events accepted in the kind's segments.
     pub longest_accepted_to_arrival_ms: Option<i64>,
+    /// The same, of the events accepted before a fault of the kind began and not yet
+    /// arrived then: in flight across it.
+    pub longest_across_ms: Option<i64>,
     /// The most requests one Endpoint had in flight at the receiver at once.
     pub max_endpoint_concurrency: usize,
     /// The kind's own figures (see the module's documentation).
@@ -206,6 +210,10 @@ pub fn by_kind(k: &KindInputs) -> ByKind {
         let (Some(accepted), Some(arrived)) = (accepted_at.get(&d.event_id), first_2xx.get(railhook_core::DeliveryId(d.id).to_string().as_str())) else { continue };
         let ms = (*arrived - *accepted).num_milliseconds();
         with(&mut out, seg.of(*accepted), &mut |r| r.longest_accepted_to_arrival_ms = Some(r.longest_accepted_to_arrival_ms.map_or(ms, |m| m.max(ms))));
+        for f in faults.iter().filter(|f| *accepted < f.started_at && *arrived > f.started_at) {
+            let r = out.kinds.get_mut(f.kind.name()).expect("every injected kind has an entry");
+            r.longest_across_ms = Some(r.longest_across_ms.map_or(ms, |m| m.max(ms)));
+        }
     }
 
     // Requests in flight at once per Endpoint, at the receiver.

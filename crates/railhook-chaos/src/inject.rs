@@ -222,31 +222,13 @@ async fn slot_invalidation(t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono
     for r in &t.stack.relays {
         r.hold().await;
     }
-    let db = railhook_testkit::connect(&t.admin_url).await?;
-    db.batch_execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'; SELECT pg_reload_conf()").await?;
-    let mut status = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while tokio::time::Instant::now() < deadline {
-        // Each switch starts a new 16 MB segment; the checkpoint removes what no slot may
-        // keep beyond the limit, and invalidates the slot that needed it.
-        for _ in 0..4 {
-            db.batch_execute("SELECT pg_logical_emit_message(false, 'railhook.chaos', 'filler'); SELECT pg_switch_wal()").await?;
-        }
-        db.batch_execute("CHECKPOINT").await?;
-        status = db
-            .query_opt("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[&t.slot_name])
-            .await?
-            .and_then(|r| r.get::<_, Option<String>>(0))
-            .unwrap_or_else(|| "missing".into());
-        if status == "lost" {
-            break;
-        }
-    }
-    db.batch_execute("ALTER SYSTEM RESET max_slot_wal_keep_size; SELECT pg_reload_conf()").await?;
+    // Whatever happens, the relays start again.
+    let invalidated = invalidate_slot(&t.admin_url, &t.slot_name).await;
     let down_ms = (Utc::now() - started).num_milliseconds();
     for r in &t.stack.relays {
         r.resume().await;
     }
+    let status = invalidated?;
     // Until a relay streams and its one line about the lost slot is there.
     let count_lines = |stack: &Stack| -> usize {
         stack.relays.iter().zip(&log_from).map(|(r, from)| r.log_since(*from).lines().filter(|l| l.contains(SLOT_LOST_LINE)).count()).sum()
@@ -271,6 +253,38 @@ async fn slot_invalidation(t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono
             "slot_lost_total": lost_total as u64,
         }),
     ))
+}
+
+/// With the relays stopped: `max_slot_wal_keep_size` set to 1 MB, WAL segments switched
+/// and checkpoints made until the slot is lost (at most a minute), the setting reset.
+/// Returns the slot's last `wal_status`.
+async fn invalidate_slot(admin_url: &str, slot_name: &str) -> anyhow::Result<String> {
+    let db = railhook_testkit::connect(admin_url).await?;
+    // One statement each: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
+    db.batch_execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'").await?;
+    db.batch_execute("SELECT pg_reload_conf()").await?;
+    let mut status = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
+        // Each switch starts a new 16 MB segment; the checkpoint removes what no slot may
+        // keep beyond the limit, and invalidates the slot that needed it.
+        for _ in 0..4 {
+            db.batch_execute("SELECT pg_logical_emit_message(false, 'railhook.chaos', 'filler')").await?;
+            db.batch_execute("SELECT pg_switch_wal()").await?;
+        }
+        db.batch_execute("CHECKPOINT").await?;
+        status = db
+            .query_opt("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[&slot_name])
+            .await?
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .unwrap_or_else(|| "missing".into());
+        if status == "lost" {
+            break;
+        }
+    }
+    db.batch_execute("ALTER SYSTEM RESET max_slot_wal_keep_size").await?;
+    db.batch_execute("SELECT pg_reload_conf()").await?;
+    Ok(status)
 }
 
 /// Fault `fault_no`'s incoming burst, spawned.

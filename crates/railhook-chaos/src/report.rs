@@ -155,13 +155,14 @@ pub fn render(report: &Report) -> String {
         line(
             &format!("{name} x{}", k.injected),
             format!(
-                "{}: lost {}, dup w8 {}, unexplained {}, stuck {}, longest accepted->arrival {}, clients 5xx {} (503 {}) timeouts {} conn {}, max in flight {}{}",
+                "{}: lost {}, dup w8 {}, unexplained {}, stuck {}, longest accepted->arrival {} (across {}), clients 5xx {} (503 {}) timeouts {} conn {}, max in flight {}{}",
                 if k.passed { "ok" } else { "FAILED" },
                 k.lost + k.lost_forwards,
                 k.duplicates_window_8,
                 k.duplicates_unexplained,
                 k.stuck,
                 k.longest_accepted_to_arrival_ms.map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
+                k.longest_across_ms.map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0)),
                 c.answered_5xx,
                 c.answered_503,
                 c.timeouts,

@@ -27,8 +27,8 @@ pub struct SlotState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotLoss {
     /// Invalidated by Postgres (`wal_status` lost): it fell further behind than
-    /// `max_slot_wal_keep_size` (the setting's value, as the server shows it) and a
-    /// checkpoint removed WAL it still needed.
+    /// `max_slot_wal_keep_size` and a checkpoint removed WAL it still needed. The setting's
+    /// value when the loss was found (it may have been raised since the invalidation).
     Invalidated { max_slot_wal_keep_size: String },
     /// It no longer existed: someone dropped it.
     Dropped,

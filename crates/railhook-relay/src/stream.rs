@@ -289,7 +289,8 @@ impl Streaming {
                         %slot,
                         deliveries = n.deliveries,
                         forwards = n.forwards,
-                        "{SLOT_LOST}: the relay fell further behind than max_slot_wal_keep_size ({max_slot_wal_keep_size}) allows, and Postgres removed WAL the slot still needed; {again}"
+                        %max_slot_wal_keep_size,
+                        "{SLOT_LOST}: the relay fell further behind than max_slot_wal_keep_size allowed, and Postgres removed WAL the slot still needed; {again}"
                     ),
                     Reannounce::Recovered(crate::setup::SlotLoss::Dropped) => tracing::error!(
                         %slot,
