@@ -5,8 +5,8 @@
 //! Attribution: the faults run one after another, so the run's time is cut into segments,
 //! each from a fault's start to the next fault's start (the last to the end of the run).
 //! A lost or stuck Delivery (or Forward) belongs to the segment in which its event was
-//! accepted; a duplicate arrival and a client's 5xx or connection error to the segment in
-//! which they happened. What came before the first fault is the `baseline`. The longest
+//! accepted; a duplicate to the segment in which its Delivery had arrived twice, and a
+//! client's 5xx or connection error to the segment in which it happened. What came before the first fault is the `baseline`. The longest
 //! accepted-to-arrival time is over the Deliveries of healthy Endpoints' unordered
 //! Subscriptions (which answer at once, so the time is the pipeline's), from the client's
 //! answer to the first 2xx arrival, for the events accepted in the segment; the longest
@@ -185,7 +185,7 @@ pub fn by_kind(k: &KindInputs) -> ByKind {
         with(&mut out, incoming_at.get(e).and_then(|t| seg.of(*t)), &mut |r| r.stuck += 1);
     }
     // Duplicates, by the time the extra arrival came.
-    let duplicates = k.verdict.duplicate_details.iter().map(|d| (d.received_at, d.explanation)).chain(k.forwards.duplicate_arrivals.iter().copied());
+    let duplicates = k.verdict.duplicate_details.iter().map(|d| (d.twice_at, d.explanation)).chain(k.forwards.duplicate_arrivals.iter().copied());
     for (at, e) in duplicates {
         with(&mut out, seg.of(at), &mut |r| {
             if e.is_window_8() {
@@ -431,4 +431,182 @@ fn skewed_retries(k: &KindInputs, f: &FaultRecord) -> Skewed {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checker::{check, Inputs};
+    use crate::plan::FaultKind;
+
+    fn t(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap()
+    }
+
+    fn fault(kind: FaultKind, from: i64, to: i64, detail: serde_json::Value) -> FaultRecord {
+        FaultRecord { kind, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, detail }
+    }
+
+    fn arrival(delivery: Uuid, at: i64, answered_ms: i64, status: u16, skew_s: i64) -> Arrival {
+        Arrival {
+            webhook_id: railhook_core::DeliveryId(delivery).to_string(),
+            endpoint: 0,
+            received_at: t(at),
+            answered_at: Some(t(at + answered_ms)),
+            status: Some(status),
+            behaviour: "ok".into(),
+            verified: true,
+            sequence: None,
+            idempotency_key: None,
+            incoming_event_id: None,
+            forward_attempt: None,
+            sent_timestamp: t(at).timestamp() + skew_s,
+        }
+    }
+
+    /// One healthy Endpoint subscribed to `a.*`; `n` events accepted at `accepted[i]`, each
+    /// Delivery answered 200 once, 100 ms later.
+    struct World {
+        inputs: Inputs,
+        deliveries: Vec<Uuid>,
+        healthy: HashSet<Uuid>,
+    }
+
+    fn world(accepted: &[i64]) -> World {
+        let endpoint = Uuid::now_v7();
+        let sub = SubscriptionSpec { id: Uuid::now_v7(), endpoint_id: endpoint, pattern: "a.*".into(), timeout_seconds: 2, ordering: false };
+        let mut inputs = Inputs { planned_events: accepted.len(), subscriptions: vec![sub.clone()], ..Inputs::default() };
+        let mut deliveries = Vec::new();
+        for (i, at) in accepted.iter().enumerate() {
+            let (event, delivery) = (Uuid::now_v7(), Uuid::now_v7());
+            inputs.accepted.push(AcceptedEvent { index: i, id: event, event_type: "a.b".into(), accepted_at: t(*at) });
+            inputs.events_in_postgres.push(event);
+            inputs.deliveries.push(DeliveryRow { id: delivery, event_id: event, endpoint_id: endpoint, subscription_id: Some(sub.id), status: "SUCCESS".into(), attempt_count: 1, sequence_number: None, created_at: Some(t(*at)) });
+            inputs.attempts.push(AttemptRow { delivery_id: delivery, attempt_number: 1, started_at: t(at + 100), duration_ms: 5, result: "success".into(), status_code: Some(200) });
+            inputs.arrivals.push(arrival(delivery, at + 100, 5, 200, 0));
+            deliveries.push(delivery);
+        }
+        World { inputs, deliveries, healthy: [endpoint].into() }
+    }
+
+    fn report(w: &World, troubles: &[Trouble], limit: usize) -> ByKind {
+        let verdict = check(&w.inputs);
+        let forwards = ForwardsVerdict::default();
+        by_kind(&KindInputs {
+            faults: &w.inputs.faults,
+            accepted: &w.inputs.accepted,
+            incoming: &[],
+            subscriptions: &w.inputs.subscriptions,
+            healthy_endpoints: &w.healthy,
+            deliveries: &w.inputs.deliveries,
+            attempts: &w.inputs.attempts,
+            arrivals: &w.inputs.arrivals,
+            troubles,
+            verdict: &verdict,
+            forwards: &forwards,
+            endpoint_concurrency: limit,
+        })
+    }
+
+    #[test]
+    fn what_happens_belongs_to_the_fault_whose_segment_it_falls_in() {
+        let mut w = world(&[0, 10_000, 20_000, 30_000]);
+        w.inputs.faults = vec![fault(FaultKind::KafkaRestart, 5_000, 8_000, serde_json::Value::Null), fault(FaultKind::KillApi, 25_000, 25_000, serde_json::Value::Null)];
+        // The event accepted at 10 s arrived 9 s later (across nothing: accepted after the
+        // restart began); the one at 30 s is lost.
+        w.inputs.arrivals[1].received_at = t(19_000);
+        w.inputs.attempts[1].started_at = t(19_000);
+        w.inputs.arrivals.pop();
+        let troubles = [
+            Trouble { at: t(6_000), what: "5xx", status: Some(503), json_error: true },
+            Trouble { at: t(25_100), what: "connection", status: None, json_error: false },
+            Trouble { at: t(26_000), what: "5xx", status: Some(500), json_error: false },
+        ];
+        let r = report(&w, &troubles, 4);
+        let kafka = &r.kinds["kafka_restart"];
+        assert_eq!((kafka.injected, kafka.clients_saw.answered_503, kafka.lost), (1, 1, 0));
+        assert_eq!(kafka.longest_accepted_to_arrival_ms, Some(9_000));
+        assert!(kafka.passed, "{:?}", kafka.failures);
+        let api = &r.kinds["kill_api"];
+        assert_eq!((api.lost, api.clients_saw.connection_errors, api.clients_saw.non_json_5xx), (1, 1, 1));
+        assert!(!api.passed);
+        assert_eq!(r.baseline.longest_accepted_to_arrival_ms, Some(100));
+        assert!(r.failures.iter().any(|f| f.contains("JSON")), "{:?}", r.failures);
+    }
+
+    #[test]
+    fn more_requests_in_flight_than_the_limit_fail_the_run() {
+        let mut w = world(&[0, 0, 0]);
+        // Three requests in flight at once, answered after 300 ms.
+        for a in &mut w.inputs.arrivals {
+            a.received_at = t(100);
+            a.answered_at = Some(t(400));
+        }
+        assert_eq!(report(&w, &[], 3).max_endpoint_concurrency, 3);
+        assert!(report(&w, &[], 3).failures.is_empty());
+        assert!(!report(&w, &[], 2).failures.is_empty());
+        // One after another (answered as the next arrives) is one at a time.
+        for (i, a) in w.inputs.arrivals.iter_mut().enumerate() {
+            a.received_at = t(100 + 300 * i as i64);
+            a.answered_at = Some(t(400 + 300 * i as i64));
+        }
+        assert_eq!(report(&w, &[], 1).max_endpoint_concurrency, 1);
+    }
+
+    #[test]
+    fn a_forgotten_claim_must_go_again_within_seconds_of_postgres_being_up() {
+        let mut w = world(&[0]);
+        let d = w.deliveries[0];
+        w.inputs.deliveries[0].attempt_count = 1;
+        // Attempt 1 at 100 ms (answered 200), the crash at 200 ms (up again at 2 s) forgot its
+        // claim; Attempt 1 again when the Delivery went again.
+        for resent_at in [5_000, 40_000] {
+            let mut w2 = World { inputs: w.inputs.clone(), deliveries: w.deliveries.clone(), healthy: w.healthy.clone() };
+            w2.inputs.faults = vec![fault(FaultKind::PostgresCrash, 200, 2_000, serde_json::Value::Null)];
+            w2.inputs.attempts.push(AttemptRow { delivery_id: d, attempt_number: 1, started_at: t(resent_at), duration_ms: 5, result: "success".into(), status_code: Some(200) });
+            w2.inputs.arrivals.push(arrival(d, resent_at, 5, 200, 0));
+            let r = report(&w2, &[], 4);
+            let crash = &r.kinds["postgres_crash"];
+            assert_eq!(crash.figures["forgotten_claims"], 1);
+            assert_eq!(crash.duplicates_window_8, 1);
+            assert_eq!(crash.passed, resent_at == 5_000, "{resent_at}: {:?}", crash.failures);
+        }
+        w.inputs.faults.clear();
+    }
+
+    #[test]
+    fn retries_the_skewed_worker_timed_late_fail_and_on_time_pass() {
+        for (gap_ms, late) in [(1_200, false), (31_000, true)] {
+            let mut w = world(&[0]);
+            let d = w.deliveries[0];
+            w.inputs.faults = vec![fault(FaultKind::ClockSkew, 0, 60_000, serde_json::Value::Null)];
+            // Attempt 1 by the skewed worker (its webhook-timestamp 30 s ahead) answered 500,
+            // then Attempt 2 after the ladder's first wait (1 s, jittered 0.5-1.5 s).
+            w.inputs.arrivals = vec![arrival(d, 100, 5, 500, 30), arrival(d, 105 + gap_ms, 5, 200, 30)];
+            w.inputs.attempts = vec![
+                AttemptRow { delivery_id: d, attempt_number: 1, started_at: t(100), duration_ms: 5, result: "http_status".into(), status_code: Some(500) },
+                AttemptRow { delivery_id: d, attempt_number: 2, started_at: t(105 + gap_ms), duration_ms: 5, result: "success".into(), status_code: Some(200) },
+            ];
+            w.inputs.deliveries[0].attempt_count = 2;
+            let r = report(&w, &[], 4);
+            let skew = &r.kinds["clock_skew"];
+            assert_eq!((skew.figures["skewed_requests"].as_u64(), skew.figures["skewed_retries"].as_u64()), (Some(2), Some(1)));
+            assert_eq!(skew.figures["retries_late"].as_u64(), Some(u64::from(late)));
+            assert_eq!(skew.passed, !late, "{:?}", skew.failures);
+        }
+    }
+
+    #[test]
+    fn the_slot_check_wants_a_lost_slot_one_line_and_the_counter() {
+        let mut w = world(&[0]);
+        let good = serde_json::json!({"wal_status": "lost", "operator_log_lines": 1, "slot_lost_total": 1});
+        w.inputs.faults = vec![fault(FaultKind::SlotInvalidation, 10, 20, good.clone())];
+        assert!(report(&w, &[], 4).kinds["slot_invalidation"].passed);
+        for (key, bad) in [("wal_status", serde_json::json!("reserved")), ("operator_log_lines", 2.into()), ("slot_lost_total", 0.into())] {
+            let mut detail = good.clone();
+            detail[key] = bad;
+            w.inputs.faults = vec![fault(FaultKind::SlotInvalidation, 10, 20, detail)];
+            assert!(!report(&w, &[], 4).kinds["slot_invalidation"].passed, "{key}");
+        }
+    }
 }

@@ -118,6 +118,10 @@ pub struct Duplicate {
     pub endpoint_id: Uuid,
     pub arrivals_2xx: usize,
     pub received_at: DateTime<Utc>,
+    /// When the Delivery had arrived twice: the later of this arrival and the one counted
+    /// as its delivery (a forgotten claim's extra arrival is the earlier one).
+    #[serde(default = "epoch")]
+    pub twice_at: DateTime<Utc>,
     pub explanation: Explanation,
     /// "8" or "unexplained".
     pub window: String,
@@ -322,6 +326,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
                 endpoint_id: d.endpoint_id,
                 arrivals_2xx: ok.len(),
                 received_at: a.received_at,
+                twice_at: a.received_at.max(ok[primary].received_at),
                 explanation: *e,
                 window: if window_8 { "8".into() } else { "unexplained".into() },
             });
@@ -589,6 +594,30 @@ mod tests {
         let v = check(&inputs);
         assert!(!v.passed);
         assert_eq!(v.duplicates.unexplained, 1);
+    }
+
+    #[test]
+    fn a_claim_forgotten_by_a_crash_is_window_8_but_two_numbered_successes_are_not() {
+        // Attempt 1 succeeded at 1 s, but Postgres crashed at 1.2 s and forgot its claim: the
+        // Delivery went again, and its Attempt 1 (the same number) succeeded at 8 s.
+        let crash = |from: i64, to: i64| FaultRecord { kind: FaultKind::PostgresCrash, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, detail: serde_json::Value::Null };
+        let (mut inputs, deliveries) = base();
+        inputs.attempts.push(attempt(deliveries[0], 1, 8000, 20, "success"));
+        inputs.arrivals.push(arrival(deliveries[0], 8010, 200));
+        inputs.faults.push(crash(1200, 3000));
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        assert_eq!((v.duplicates.total, v.duplicates.window_8_forgotten_claim), (1, 1));
+
+        // Without the crash, two SUCCESS Attempts of one number explain nothing.
+        inputs.faults.clear();
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.duplicates.unexplained, 1);
+
+        // A crash long before the first Attempt does not explain it either.
+        inputs.faults.push(crash(-60_000, -58_000));
+        assert_eq!(check(&inputs).duplicates.unexplained, 1);
     }
 
     #[test]

@@ -134,8 +134,8 @@ pub struct ForwardsVerdict {
     pub attempts_by_result: BTreeMap<String, usize>,
     pub in_flight_at_faults: Vec<ForwardsInFlight>,
     pub failures: Vec<String>,
-    /// The Incoming Events of the lost and of the stuck Forwards, and each duplicate's
-    /// arrival with its explanation (for the report by fault kind).
+    /// The Incoming Events of the lost and of the stuck Forwards, and for each duplicate when
+    /// the Forward had arrived twice, with its explanation (for the report by fault kind).
     #[serde(skip)]
     pub lost_incoming: Vec<Uuid>,
     #[serde(skip)]
@@ -314,7 +314,7 @@ fn check_duplicates(inputs: &ForwardInputs, arrivals: &HashMap<Uuid, Vec<&Arriva
         let primary = explained.iter().position(|e| *e == Explanation::SuccessAttempt).unwrap_or(0);
         for (i, (a, e)) in ok.iter().zip(&explained).enumerate().filter(|(i, _)| *i != primary) {
             v.duplicates.count(*e);
-            v.duplicate_arrivals.push((a.received_at, *e));
+            v.duplicate_arrivals.push((a.received_at.max(ok[primary].received_at), *e));
             let text = format!("{} 2xx #{} of {} at {} (X-Forward-Attempt {:?}): {e:?}", fwd(f.id), i + 1, ok.len(), a.received_at.format("%H:%M:%S%.3f"), a.forward_attempt);
             push(&mut v.duplicate_examples, text);
         }
