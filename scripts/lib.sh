@@ -50,12 +50,10 @@ ensure_rust() {
 # What the fault-injection suite (crates/railhook-chaos; its quick mode runs in scripts/test)
 # needs beside Postgres and Kafka: Toxiproxy, the fault-injecting TCP proxy between the
 # processes and the servers (a Go module, built with `go install` from the Go module proxy
-# into .local/toxiproxy/bin; Go from Debian when the machine has none), and libfaketime for
-# the worker whose clock runs ahead (Debian's faketime package).
+# into .local/toxiproxy/bin; Go from Debian when the machine has none).
 TOXIPROXY_VERSION="v2.5.0"
 TOXIPROXY_BIN="$STATE/toxiproxy/bin/toxiproxy-server"
 ensure_chaos_tools() {
-  ensure_apt faketime
   if [ ! -x "$TOXIPROXY_BIN" ]; then
     if ! command -v go >/dev/null 2>&1; then
       [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"

@@ -3,7 +3,6 @@
 //! burst and an incoming burst (so every fault hits ordered Deliveries and Forwards in
 //! flight). It records what it did and saw of each ([`FaultRecord`]).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +59,6 @@ pub struct Targets<'a> {
     /// The superuser's URL of the private cluster's `postgres` database (not proxied).
     pub admin_url: String,
     pub slot_name: String,
-    pub libfaketime: Option<PathBuf>,
     pub http: reqwest::Client,
 }
 
@@ -171,14 +169,7 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
             t.pg.free_disk();
             (Some(started), json!({"free_bytes_while_full": free}))
         }
-        FaultKind::ClockSkew => {
-            let lib = t.libfaketime.clone().ok_or_else(|| anyhow::anyhow!("no libfaketime (Debian's faketime package; scripts/test installs it)"))?;
-            let started = Utc::now();
-            t.stack.start_skewed(&lib);
-            tokio::time::sleep(opts.clock_skew).await;
-            t.stack.stop_skewed().await;
-            (Some(started), json!({"clock": crate::stack::CLOCK_SKEW}))
-        }
+        FaultKind::ClockSkew => return clock_skew(opts, t).await,
         FaultKind::TaskPanic => {
             let w = if t.stack.workers.len() > 1 { 1 } else { 0 };
             let worker = &t.stack.workers[w];
@@ -187,6 +178,39 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
             (None, json!({"worker": worker.name, "failpoint": format!("RAILHOOK_FAILPOINT_TASK_PANIC={TASK_PANIC_PROBABILITY}"), "log_from": from}))
         }
     })
+}
+
+/// A worker whose clock runs 30 s ahead (`RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS`) joins; once it is ready, the other workers stop
+/// (SIGTERM) so that it takes every partition and sends (and times the retries of) all the
+/// Deliveries for `opts.clock_skew`; then they start again and it stops.
+async fn clock_skew(opts: &Options, t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono::DateTime<Utc>>, serde_json::Value)> {
+    t.stack.start_skewed();
+    let ready = format!("http://127.0.0.1:{}/readyz", t.stack.ports.skewed_ops);
+    let http = t.http.clone();
+    wait_for(Duration::from_secs(60), "the skewed worker's /readyz", || {
+        let (http, ready) = (http.clone(), ready.clone());
+        async move { matches!(http.get(&ready).send().await, Ok(r) if r.status().is_success()) }
+    })
+    .await?;
+    let started = Utc::now();
+    for w in &t.stack.workers {
+        w.hold().await;
+    }
+    let alone = Utc::now();
+    tokio::time::sleep(opts.clock_skew).await;
+    for w in &t.stack.workers {
+        w.resume().await;
+    }
+    for port in t.stack.ports.worker_ops.clone() {
+        let ready = format!("http://127.0.0.1:{port}/readyz");
+        let _ = wait_for(Duration::from_secs(60), "the workers' /readyz", || {
+            let (http, ready) = (http.clone(), ready.clone());
+            async move { matches!(http.get(&ready).send().await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+    }
+    t.stack.stop_skewed().await;
+    Ok((Some(started), json!({"clock_ahead_ms": crate::stack::CLOCK_AHEAD_MS, "alone_s": (Utc::now() - alone).num_seconds()})))
 }
 
 /// Kills the streaming relay; returns once a relay streams again (the standby, or the
@@ -241,7 +265,7 @@ async fn slot_invalidation(t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono
     // A second line, had the relay written one, would follow within moments.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let lines = count_lines(t.stack);
-    let text: Vec<String> = t.stack.relays.iter().zip(&log_from).flat_map(|(r, from)| r.log_since(*from).lines().filter(|l| l.contains(SLOT_LOST_LINE)).map(str::to_string).collect::<Vec<_>>()).collect();
+    let text: Vec<String> = t.stack.relays.iter().zip(&log_from).flat_map(|(r, from)| r.log_since(*from).lines().filter(|l| l.contains(SLOT_LOST_LINE)).map(without_ansi).collect::<Vec<_>>()).collect();
     let lost_total = t.stack.relay_metric(&t.http, "railhook_relay_slot_lost_total").await;
     Ok((
         Some(started),
@@ -285,6 +309,25 @@ async fn invalidate_slot(admin_url: &str, slot_name: &str) -> anyhow::Result<Str
     db.batch_execute("ALTER SYSTEM RESET max_slot_wal_keep_size").await?;
     db.batch_execute("SELECT pg_reload_conf()").await?;
     Ok(status)
+}
+
+/// A log line without its terminal colour codes.
+fn without_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ ... letter
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Fault `fault_no`'s incoming burst, spawned.

@@ -16,8 +16,8 @@ use clap::Parser;
 /// postgres_crash (kill -9 of the postmaster), receiver_outage, net_latency (200 ms),
 /// net_blackhole (20 s), net_reset (each on every component's link to Postgres and to Kafka),
 /// slot_invalidation, disk_full (root: Postgres' data on a tmpfs), relay_standby_takeover,
-/// clock_skew (a worker 30 s ahead, libfaketime), task_panic (a worker whose attempt tasks
-/// panic). Needs toxiproxy-server and libfaketime: scripts/test and scripts/chaos install them.
+/// clock_skew (a worker whose clock is 30 s ahead), task_panic (a worker whose attempt tasks
+/// panic). Needs toxiproxy-server: scripts/test and scripts/chaos install it.
 #[derive(Debug, Parser)]
 #[command(name = "railhook-chaos")]
 struct Cli {

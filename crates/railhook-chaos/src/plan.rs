@@ -42,7 +42,8 @@ pub enum FaultKind {
     DiskFull,
     /// Two relays, one streaming, one its hot standby: SIGKILL of the streaming one.
     RelayStandbyTakeover,
-    /// A third worker whose clock is 30 s ahead (libfaketime) joins for a while.
+    /// A worker whose clock is 30 s ahead (`RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS`) joins, and the
+    /// others stop for a while: it sends everything meanwhile.
     ClockSkew,
     /// A worker whose attempt tasks panic now and then (`RAILHOOK_FAILPOINT_TASK_PANIC`),
     /// from the fault to the end of the run.

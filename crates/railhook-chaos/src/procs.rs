@@ -2,7 +2,7 @@
 //! process that is killed (by the fault controller) or exits on its own is started again
 //! after a short delay, with the same configuration and ports. The controller may also hold
 //! a process stopped (SIGTERM) until it resumes it, and start it again with other
-//! environment variables (a failpoint, libfaketime).
+//! environment variables (a failpoint).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

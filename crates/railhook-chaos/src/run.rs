@@ -56,8 +56,6 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut plan = plan_faults(opts);
     let planned = |k: FaultKind| plan.iter().any(|f| f.kind == k);
     let proxied = plan.iter().any(|f| f.link.is_some());
-    let libfaketime = stack::libfaketime();
-    anyhow::ensure!(!planned(FaultKind::ClockSkew) || libfaketime.is_some(), "clock_skew needs libfaketime (Debian's faketime package; scripts/test installs it), or RAILHOOK_LIBFAKETIME");
     eprintln!(
         "railhook-chaos: {} run, {} events over {} endpoints, {} api / {} relay / {} worker, {} faults, seed {}, folder {}",
         if opts.quick { "quick" } else { "full" },
@@ -244,7 +242,6 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         receiver: receiver.clone(),
         admin_url: String::new(),
         slot_name: base.relay.slot_name.clone(),
-        libfaketime,
         http: http.clone(),
     };
     targets.admin_url = targets.pg.url("postgres");

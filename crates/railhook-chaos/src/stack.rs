@@ -21,8 +21,8 @@ const RELAY_NAMES: [&str; 2] = ["relay", "relay2"];
 pub const WORKER_NAMES: [&str; 4] = ["worker", "worker2", "worker3", "worker4"];
 const SKEWED_NAME: &str = "worker-skewed";
 
-/// How far ahead the skewed worker's clock runs (`clock_skew`).
-pub const CLOCK_SKEW: &str = "+30s";
+/// How far ahead the skewed worker's clock runs (`clock_skew`): 30 s.
+pub const CLOCK_AHEAD_MS: i64 = 30_000;
 
 pub struct Ports {
     pub api: Vec<u16>,
@@ -86,16 +86,6 @@ pub fn base_config() -> railhook_config::Config {
     c
 }
 
-/// libfaketime (Debian's `faketime` package), its thread-safe build (the worker is
-/// multi-threaded): `RAILHOOK_LIBFAKETIME`, or where Debian puts it.
-pub fn libfaketime() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RAILHOOK_LIBFAKETIME").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let dirs = std::fs::read_dir("/usr/lib").ok()?;
-    dirs.flatten().map(|d| d.path().join("faketime/libfaketimeMT.so.1")).find(|p| p.is_file())
-}
-
 pub struct Stack {
     pub apis: Vec<Supervised>,
     /// One streams; with two, the other waits as its hot standby.
@@ -145,14 +135,10 @@ impl Stack {
         Ok(Stack { apis, relays, workers, skewed: None, bin: bin.to_path_buf(), logs: logs.to_path_buf(), restart_delay: opts.restart_delay, skewed_config, ports })
     }
 
-    /// Starts the worker whose clock runs [`CLOCK_SKEW`] ahead (libfaketime).
-    pub fn start_skewed(&mut self, libfaketime: &Path) {
-        let env = vec![
-            ("LD_PRELOAD".to_string(), libfaketime.display().to_string()),
-            ("FAKETIME".to_string(), CLOCK_SKEW.to_string()),
-            // Timers and timeouts keep the real pace; only the wall clock is off.
-            ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
-        ];
+    /// Starts the worker whose clock runs [`CLOCK_AHEAD_MS`] ahead: its wall clock read
+    /// through `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` (`railhook_worker::clock::host_now`).
+    pub fn start_skewed(&mut self) {
+        let env = vec![("RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS".to_string(), CLOCK_AHEAD_MS.to_string())];
         self.skewed = Some(Supervised::start_with_env(SKEWED_NAME, &self.bin, "worker", &self.skewed_config, &self.logs, self.restart_delay, env));
     }
 

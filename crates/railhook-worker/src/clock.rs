@@ -6,6 +6,12 @@
 //! [`DbClock`] keeps the offset between Postgres' `clock_timestamp()` and this host's clock,
 //! measured at start and again every [`SAMPLE_EVERY`] (half the round trip is the error:
 //! a millisecond or so). Until the first sample it reads the host's clock.
+//!
+//! The worker reads this host's wall clock only through [`host_now`], which the chaos
+//! suite's `clock_skew` sets ahead with `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` (a failpoint: a
+//! host whose clock runs ahead, without faking the clock of the whole process; Debian's
+//! libfaketime 0.9.10 does that, but mis-times the condition-variable waits of the Kafka
+//! client, whose consumer then loses its group session).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -13,6 +19,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+
+/// This host's wall clock: `Utc::now()`, plus `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` when set
+/// (the chaos suite only; read once).
+pub fn host_now() -> DateTime<Utc> {
+    static AHEAD: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
+    let ahead = AHEAD.get_or_init(|| {
+        let ms = std::env::var("RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS").ok().and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0);
+        chrono::Duration::milliseconds(ms)
+    });
+    Utc::now() + *ahead
+}
 
 /// How often the offset is measured again (a host clock stepped by NTP is followed within it).
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -27,7 +44,7 @@ pub struct DbClock {
 impl DbClock {
     /// The database's `now`, as well as this host can tell.
     pub fn now(&self) -> DateTime<Utc> {
-        Utc::now() + chrono::Duration::microseconds(self.offset_us.load(Ordering::Relaxed))
+        host_now() + chrono::Duration::microseconds(self.offset_us.load(Ordering::Relaxed))
     }
 
     /// The database's clock minus this host's.
@@ -38,9 +55,9 @@ impl DbClock {
     /// Measures the offset once: the database's `clock_timestamp()` against the middle of the
     /// round trip on this host's clock.
     pub async fn sample(&self, db: &impl tokio_postgres::GenericClient) -> Result<chrono::Duration, tokio_postgres::Error> {
-        let before = Utc::now();
+        let before = host_now();
         let db_now: DateTime<Utc> = db.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
-        let after = Utc::now();
+        let after = host_now();
         let offset = db_now - (before + (after - before) / 2);
         self.offset_us.store(offset.num_microseconds().unwrap_or(0), Ordering::Relaxed);
         Ok(offset)

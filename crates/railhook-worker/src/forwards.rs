@@ -30,7 +30,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use railhook_config::Config;
 use railhook_core::signing::{sign, EndpointSecret};
@@ -216,7 +215,7 @@ pub fn recorded_headers(forward: &ForwardToSend, sent: &[(String, String)]) -> s
 fn request(forward: &ForwardToSend, number: i32) -> OutgoingRequest {
     OutgoingRequest {
         url: forward.destination.url.clone(),
-        headers: forward_headers(forward, number, Utc::now().timestamp()),
+        headers: forward_headers(forward, number, crate::clock::host_now().timestamp()),
         body: bytes::Bytes::from(forward.body.clone()),
         timeout: Duration::from_secs(forward.timeout_seconds.max(1) as u64),
     }

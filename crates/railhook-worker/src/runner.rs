@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use railhook_core::signing::EndpointSecret;
 use railhook_core::{ClaimToken, DeferralReason};
 use railhook_store::lifecycle::{self, AttemptRecord, ClaimRequest, ClaimResult, Claimed, Next};
@@ -303,7 +302,7 @@ impl Runner {
             self.metrics.ordering_gap_timeouts.inc();
         }
         if let Some(parked) = claimed.parked_at {
-            self.metrics.ordering_parked_seconds.observe((Utc::now() - parked).to_std().unwrap_or_default().as_secs_f64());
+            self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
         self.attempt(claimed, sent_tx, &hard_stop).await
     }
@@ -379,7 +378,7 @@ impl Runner {
             return Ok(Ran::FenceLost.into());
         }
         if ran == Ran::Delivered {
-            let latency = (Utc::now() - claimed.event_created_at).to_std().unwrap_or_default();
+            let latency = (self.clock.now() - claimed.event_created_at).to_std().unwrap_or_default();
             self.metrics.delivery_latency.observe(latency.as_secs_f64());
         }
         if claimed.sequence_number.is_some() && matches!(ran, Ran::Delivered | Ran::Failed) {
@@ -427,7 +426,7 @@ impl Runner {
         let headers = http::webhook_headers(
             &claimed.id.to_string(),
             &claimed.event_id.to_string(),
-            Utc::now().timestamp(),
+            crate::clock::host_now().timestamp(),
             body.as_bytes(),
             &secrets,
             claimed.sequence_number,
