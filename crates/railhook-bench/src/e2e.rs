@@ -21,6 +21,7 @@ use crate::{json, percentiles, Args, Percentiles};
 
 mod clean;
 pub mod replay;
+mod stages;
 pub mod retention;
 
 pub use clean::NAMES as CLEAN_PHASES;
@@ -53,6 +54,8 @@ struct Phase {
     /// The worker's counters over the phase: deferrals and busy claims by reason, claims made
     /// again because the Delivery was not visible yet, and the mean claim and finalise batch sizes.
     worker: serde_json::Value,
+    /// Each latency stage's count, mean, p50 and p99, and the WAL per Delivery (`stages`).
+    stages: serde_json::Value,
 }
 
 impl Phase {
@@ -66,6 +69,8 @@ impl Phase {
             "deliveries_per_s": self.achieved_per_s, "delivered": self.delivered,
             "latency_201_to_arrival": json(&self.latency), "drained_in_s": self.drained_in_s,
             "sustained": self.sustained(), "cpu_cores": self.cpu, "worker": self.worker,
+            "stages": self.stages["stages"], "wal_bytes_per_delivery": self.stages["wal_bytes_per_delivery"],
+            "postgres_cpu_ms_per_delivery": postgres_ms_per_delivery(&self.cpu, self.achieved_per_s),
         })
     }
 
@@ -205,6 +210,8 @@ fn print_e2e(saturation: &Phase, half: &Phase, light: &Phase, direct: &Direct) {
     );
     println!("CPU at half saturation (cores): {}", half.cpu);
     println!("worker at half saturation: {}; at the light rate: {}", half.worker, light.worker);
+    println!("half saturation {}", stages::describe(&half.stages));
+    println!("light rate {}", stages::describe(&light.stages));
     println!();
 }
 
@@ -273,6 +280,7 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
     let plan = plan(stack, stack.api_addr, Some(rate), duration, event_type);
     let cpu0 = cpu_snapshot(stack);
     let counters0 = worker_counters(stack).await?;
+    let stages0 = stages::snapshot(stack).await;
     let wall = Instant::now();
     let sent: Vec<Sent> = load::run(&plan).await?;
     let load_end = Instant::now();
@@ -283,6 +291,7 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
     let worker = counters_delta(&counters0, &worker_counters(stack).await?);
     let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
     let ms: Vec<f64> = ids.iter().zip(arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
+    let stages = stages::delta(&stages0, &stages::snapshot(stack).await, ms.len());
     Ok(Phase {
         rate,
         accepted: ids.len(),
@@ -293,7 +302,15 @@ async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, 
         drained_in_s,
         cpu,
         worker,
+        stages,
     })
+}
+
+/// Postgres' CPU per Delivery over a phase (ms): its cores (from `cpu_delta`) over the
+/// Deliveries per second.
+fn postgres_ms_per_delivery(cpu: &serde_json::Value, deliveries_per_s: f64) -> Option<f64> {
+    let cores = cpu["postgres"].as_f64()?;
+    (deliveries_per_s > 0.0).then(|| (cores / deliveries_per_s * 1000.0 * 1000.0).round() / 1000.0)
 }
 
 /// The worker's deferral, busy-claim, unseen-claim and batch-size counters from its /metrics.

@@ -142,7 +142,7 @@ impl Options {
             kills_per_component: 3,
             only: None,
             outage: Duration::from_secs(60),
-            net_fault: Duration::from_secs(15),
+            net_fault: Duration::from_secs(10),
             blackhole: Duration::from_secs(20),
             disk_full: Duration::from_secs(15),
             clock_skew: Duration::from_secs(40),

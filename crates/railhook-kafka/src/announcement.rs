@@ -27,12 +27,45 @@ use serde::{Deserialize, Serialize};
 /// The layout version of the value.
 pub const VERSION: u32 = 1;
 
+/// The prefix of the transactional logical decoding messages that announce work in CDC mode
+/// (`railhook_announce`, crates/railhook-store/src/lifecycle/announce.sql), and of every
+/// version of them: a message under [`MESSAGE_PREFIX_FAMILY`] with another version is one
+/// this build cannot read (an error, not a skip).
+pub const MESSAGE_PREFIX: &str = "railhook.announce.v1";
+pub const MESSAGE_PREFIX_FAMILY: &str = "railhook.announce.";
+
 /// Header names.
 pub mod header {
     /// The outbox row's id (decimal).
     pub const OUTBOX_ID: &str = "outbox_id";
     /// The end LSN of the commit that inserted the row (CDC mode only).
     pub const COMMIT_LSN: &str = "commit_lsn";
+    /// The commit's timestamp, Unix microseconds (decimal; CDC mode only).
+    pub const COMMIT_TIME_US: &str = "commit_time_us";
+    /// When the relay read the announcement (decoded it, or polled it), Unix microseconds
+    /// (decimal): the start of the worker's `read_to_poll` stage
+    /// (`railhook_telemetry::stages`).
+    pub const RELAY_READ_US: &str = "relay_read_us";
+}
+
+/// Where an announcement comes from, carried in its headers: the commit (CDC mode) and the
+/// moment the relay read it. Informational: the worker parses them for the latency stages
+/// only, and a message without them (an older relay) is handled the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stamp {
+    pub commit_lsn: Option<Lsn>,
+    pub commit_time_us: Option<i64>,
+    pub relay_read_us: Option<i64>,
+}
+
+impl Stamp {
+    /// The relay-read stamp of a message's headers, if it has one that parses.
+    pub fn relay_read_us<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Option<i64> {
+        headers
+            .into_iter()
+            .find(|(k, _)| *k == header::RELAY_READ_US)
+            .and_then(|(_, v)| std::str::from_utf8(v?).ok()?.parse().ok())
+    }
 }
 
 /// The Deliveries' topic, with the configured prefix.
@@ -80,6 +113,10 @@ pub enum AnnouncementError {
     Target,
     #[error("the message key is not the {0} id the announcement is routed by")]
     Key(&'static str),
+    #[error("announcement message line {line}: {problem}")]
+    MessageLine { line: usize, problem: String },
+    #[error("logical decoding message prefix {0:?} is not one this build reads ({MESSAGE_PREFIX})")]
+    MessagePrefix(String),
 }
 
 /// The value as it travels. The fields are in alphabetical order on purpose: serde writes
@@ -160,6 +197,43 @@ impl Announcement {
     }
 }
 
+impl Announcement {
+    /// The announcements of one logical decoding message written by `railhook_announce` in
+    /// CDC mode (prefix [`MESSAGE_PREFIX`]), in order: one per line,
+    /// `<kind> <id> <routing> <reason>[ <token>]`, kind `d` (a Delivery, routed by its
+    /// Endpoint) or `f` (a Forward, routed by its Destination), the ids as hyphenated uuids.
+    /// `created_at` is the commit's time (there is no outbox row); `outbox_id` is 0. Anything
+    /// else (a line that does not parse, an unknown reason, no lines) is an error: the
+    /// message was written by a build this one does not understand.
+    pub fn parse_message(prefix: &str, content: &[u8], created_at: &str) -> Result<Vec<Announcement>, AnnouncementError> {
+        if prefix != MESSAGE_PREFIX {
+            return Err(AnnouncementError::MessagePrefix(prefix.to_string()));
+        }
+        let bad = |line: usize, problem: &str| AnnouncementError::MessageLine { line, problem: problem.to_string() };
+        let text = std::str::from_utf8(content).map_err(|_| bad(1, "not UTF-8"))?;
+        let mut out = Vec::new();
+        for (n, line) in text.split('\n').enumerate().map(|(i, l)| (i + 1, l)) {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let (kind, id, routing, reason, token) = match fields.as_slice() {
+                [k, i, r, why] => (*k, *i, *r, *why, None),
+                [k, i, r, why, t] => (*k, *i, *r, *why, Some(*t)),
+                _ => return Err(bad(n, "expected 4 or 5 fields")),
+            };
+            let uuid = |v: &str, what: &str| uuid::Uuid::try_parse(v).map_err(|_| bad(n, &format!("{what} is not a uuid")));
+            let (id, routing) = (uuid(id, "the id")?, uuid(routing, "the routing id")?);
+            let target = match kind {
+                "d" => Target::Delivery { delivery: DeliveryId(id), endpoint: EndpointId(routing) },
+                "f" => Target::Forward { forward: ForwardId(id), destination: DestinationId(routing) },
+                _ => return Err(bad(n, "the kind is neither d nor f")),
+            };
+            let reason = reason.parse::<AnnouncementReason>().map_err(|_| bad(n, "unknown reason"))?;
+            let claim_token = token.map(|t| uuid(t, "the token").map(ClaimToken)).transpose()?;
+            out.push(Announcement { outbox_id: 0, target, reason, claim_token, created_at: created_at.to_string() });
+        }
+        Ok(out)
+    }
+}
+
 /// The relay's producer: the idempotent producer with its bounded local queue, the topics,
 /// and the one place that waits while that queue is full (backpressure: the caller stops
 /// reading its source instead of growing memory).
@@ -197,16 +271,22 @@ impl Announcer {
     }
 
     /// Hands the announcement to the producer (key [`Announcement::key`], headers
-    /// [`header::OUTBOX_ID`] and, when given, [`header::COMMIT_LSN`]), waiting while its
-    /// queue is full. The returned future resolves when Kafka acknowledged or refused this
-    /// message; an error here means it was never handed over.
-    pub async fn send(&self, announcement: &Announcement, commit_lsn: Option<Lsn>) -> Result<DeliveryFuture, KafkaError> {
+    /// [`header::OUTBOX_ID`] and, for each part of `stamp` given, [`header::COMMIT_LSN`],
+    /// [`header::COMMIT_TIME_US`] and [`header::RELAY_READ_US`]), waiting while its queue is
+    /// full. The returned future resolves when Kafka acknowledged or refused this message; an
+    /// error here means it was never handed over.
+    pub async fn send(&self, announcement: &Announcement, stamp: &Stamp) -> Result<DeliveryFuture, KafkaError> {
         let (topic, key, value) = (self.topic(announcement), announcement.key(), announcement.to_bytes());
         let outbox_id = announcement.outbox_id.to_string();
-        let lsn = commit_lsn.map(|l| l.to_string());
-        let mut headers = OwnedHeaders::new().insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
-        if let Some(lsn) = &lsn {
-            headers = headers.insert(Header { key: header::COMMIT_LSN, value: Some(lsn.as_bytes()) });
+        let mut headers = OwnedHeaders::new_with_capacity(4).insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
+        for (name, value) in [
+            (header::COMMIT_LSN, stamp.commit_lsn.map(|l| l.to_string())),
+            (header::COMMIT_TIME_US, stamp.commit_time_us.map(|t| t.to_string())),
+            (header::RELAY_READ_US, stamp.relay_read_us.map(|t| t.to_string())),
+        ] {
+            if let Some(value) = &value {
+                headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
+            }
         }
         loop {
             let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers.clone());
@@ -314,7 +394,44 @@ mod tests {
         assert_eq!(Announcement::parse_keyed(b"dst_000", fine.as_bytes()), Err(AnnouncementError::Key("endpoint")), "a Delivery keyed by something else");
     }
 
+    #[test]
+    fn messages_parse_line_by_line_and_refuse_anything_else() {
+        let (d, e, f, x, t) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7(), uuid::Uuid::now_v7(), uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let text = format!("d {d} {e} created\nf {f} {x} retry {t}");
+        let got = Announcement::parse_message(MESSAGE_PREFIX, text.as_bytes(), "2026-12-05 18:00:00+00").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                Announcement { outbox_id: 0, target: Target::Delivery { delivery: DeliveryId(d), endpoint: EndpointId(e) }, reason: AnnouncementReason::Created, claim_token: None, created_at: "2026-12-05 18:00:00+00".into() },
+                Announcement { outbox_id: 0, target: Target::Forward { forward: ForwardId(f), destination: DestinationId(x) }, reason: AnnouncementReason::Retry, claim_token: Some(ClaimToken(t)), created_at: "2026-12-05 18:00:00+00".into() },
+            ]
+        );
+        for bad in [
+            String::new(),
+            format!("d {d} {e}"),
+            format!("d {d} {e} created {t} extra"),
+            format!("x {d} {e} created"),
+            format!("d {d} ep_{e} created"),
+            format!("d {d} {e} Created"),
+            format!("d {d} {e} created nope"),
+            format!("d {d} {e} created\n"),
+            format!("d  {d} {e} created"),
+        ] {
+            assert!(Announcement::parse_message(MESSAGE_PREFIX, bad.as_bytes(), "").is_err(), "{bad:?}");
+        }
+        assert!(Announcement::parse_message(MESSAGE_PREFIX, b"\xff", "").is_err());
+        assert_eq!(
+            Announcement::parse_message("railhook.announce.v2", format!("d {d} {e} created").as_bytes(), ""),
+            Err(AnnouncementError::MessagePrefix("railhook.announce.v2".into()))
+        );
+    }
+
     proptest::proptest! {
+        #[test]
+        fn arbitrary_message_bytes_never_panic(content in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = Announcement::parse_message(MESSAGE_PREFIX, &content, "");
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic(key in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), value in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
             let _ = Announcement::parse_keyed(&key, &value);

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use railhook_config::Config;
 use railhook_core::{AnnouncementReason, ClaimToken, DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
 use railhook_kafka::announcement::header;
-use railhook_kafka::{Announcement, Announcer, Target};
+use railhook_kafka::{Announcement, Announcer, Stamp, Target};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::Message;
@@ -33,8 +33,9 @@ async fn announcements_arrive_as_the_worker_reads_them_even_through_a_full_queue
         let claim_token = (i % 3 == 0).then(ClaimToken::new);
         let a = Announcement { outbox_id: i, target, reason: AnnouncementReason::Created, claim_token, created_at: format!("t{i}") };
         let lsn = (i % 2 == 0).then_some(Lsn(1000 + i as u64));
-        acks.push(announcer.send(&a, lsn).await.expect("handed over, after waiting while the queue was full"));
-        sent.push((a, lsn));
+        let stamp = Stamp { commit_lsn: lsn, commit_time_us: lsn.map(|_| 1_700_000_000_000_000 + i), relay_read_us: Some(1_700_000_000_000_500 + i) };
+        acks.push(announcer.send(&a, &stamp).await.expect("handed over, after waiting while the queue was full"));
+        sent.push((a, stamp));
     }
     for ack in acks {
         ack.await.expect("not dropped").map_err(|(e, _)| e).expect("acknowledged");
@@ -56,12 +57,15 @@ async fn announcements_arrive_as_the_worker_reads_them_even_through_a_full_queue
         let headers = msg.headers().unwrap();
         let header = |name: &str| headers.iter().find(|h| h.key == name).and_then(|h| h.value).map(|v| String::from_utf8(v.to_vec()).unwrap());
         assert_eq!(header(header::OUTBOX_ID), Some(a.outbox_id.to_string()));
-        got.insert(a.outbox_id, (a, msg.topic().to_string(), header(header::COMMIT_LSN)));
+        let read = Stamp::relay_read_us(headers.iter().map(|h| (h.key, h.value)));
+        got.insert(a.outbox_id, (a, msg.topic().to_string(), header(header::COMMIT_LSN), header(header::COMMIT_TIME_US), read));
     }
-    for (a, lsn) in sent {
-        let (parsed, topic, commit_lsn) = &got[&a.outbox_id];
+    for (a, stamp) in sent {
+        let (parsed, topic, commit_lsn, commit_time, read) = &got[&a.outbox_id];
         assert_eq!(parsed, &a);
         assert_eq!(topic, &a.topic(&config));
-        assert_eq!(commit_lsn, &lsn.map(|l| l.to_string()));
+        assert_eq!(commit_lsn, &stamp.commit_lsn.map(|l| l.to_string()));
+        assert_eq!(commit_time, &stamp.commit_time_us.map(|t| t.to_string()));
+        assert_eq!(*read, stamp.relay_read_us);
     }
 }

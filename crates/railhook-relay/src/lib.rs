@@ -59,6 +59,9 @@ pub enum RelayError {
     Decode(#[from] pgoutput::DecodeError),
     #[error("outbox row: {0}")]
     Row(#[from] outbox::RowError),
+    /// A `railhook.announce.*` logical decoding message this build cannot read.
+    #[error("announcement message: {0}")]
+    Announcement(#[from] railhook_kafka::AnnouncementError),
     #[error("re-announcement task: {0}")]
     ReannounceTask(#[source] tokio::task::JoinError),
     /// Kafka refused a message, or it could not be handed over; the producer may be in a
@@ -140,7 +143,7 @@ pub(crate) async fn connect(url: &str) -> Result<(tokio_postgres::Client, tokio:
 /// Whether an error ends the relay (the operator must act) or is retried from the slot.
 impl RelayError {
     pub fn is_fatal(&self) -> bool {
-        matches!(self, RelayError::Misconfigured(_) | RelayError::SlotLost(_) | RelayError::Decode(_) | RelayError::Row(_))
+        matches!(self, RelayError::Misconfigured(_) | RelayError::SlotLost(_) | RelayError::Decode(_) | RelayError::Row(_) | RelayError::Announcement(_))
     }
 
     fn is_slot_in_use(&self) -> bool {

@@ -279,10 +279,12 @@ async fn produce_batch(announcer: &Announcer, rows: &[OutboxRow], stats: &RelayS
     // await the acknowledgements together: one round trip's latency per batch, not per row.
     for (i, row) in rows.iter().enumerate() {
         stats.read.fetch_add(1, Ordering::Relaxed);
-        // No commit LSN in poll mode; the Announcer waits while the producer's queue is full.
-        // (An outbox row always has exactly one target: the table's CHECK.)
+        // No commit LSN or time in poll mode, only when the row was read; the Announcer waits
+        // while the producer's queue is full. (An outbox row always has exactly one target:
+        // the table's CHECK.)
+        let stamp = railhook_kafka::Stamp { relay_read_us: Some(railhook_telemetry::stages::unix_micros_now()), ..Default::default() };
         let sent = match row.announcement() {
-            Ok(announcement) => announcer.send(&announcement, None).await.map_err(RelayError::Produce),
+            Ok(announcement) => announcer.send(&announcement, &stamp).await.map_err(RelayError::Produce),
             Err(e) => Err(RelayError::Row(e)),
         };
         match sent {
@@ -362,6 +364,20 @@ pub async fn ensure_index(client: &Client) -> Result<(), tokio_postgres::Error> 
         .await
 }
 
+/// The poller reads the outbox table: announcements must be rows
+/// (`railhook_store::lifecycle::announce`). When they were logical decoding messages (a CDC
+/// relay ran before), what was announced that way since the CDC relay last read is announced
+/// again, as rows: the PENDING work that is not scheduled for a retry (duplicates are
+/// absorbed by the Claim), so nothing waits for the stranded sweep.
+pub async fn announce_by_outbox(client: &Client) -> Result<(), RelayError> {
+    use railhook_store::lifecycle::announce::{set_via, Via};
+    if set_via(client, Via::Outbox).await? == Some(Via::Message) {
+        let n = railhook_store::lifecycle::reannounce_pending(client).await?;
+        tracing::warn!(deliveries = n.deliveries, forwards = n.forwards, "poll relay: announcements were logical decoding messages (a CDC relay ran); now outbox rows, and the PENDING work was announced again");
+    }
+    Ok(())
+}
+
 pub async fn run(config: Arc<Config>, announcer: Announcer, stats: Arc<RelayStats>, shutdown: CancellationToken) -> Result<(), RelayError> {
     let url = railhook_store::DatabaseUrl::parse(&config.database.url).map_err(|e| RelayError::Misconfigured(e.to_string()))?;
     let tls = url.tls_connector().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
@@ -382,6 +398,7 @@ pub async fn run(config: Arc<Config>, announcer: Announcer, stats: Arc<RelayStat
                 }
             });
             ensure_index(&client).await?;
+            announce_by_outbox(&client).await?;
             let result = poll_loop(&announcer, &client, &limits, &stats, &shutdown, &mut unfinished, &mut backoff).await;
             drop(client);
             conn.abort();

@@ -27,7 +27,9 @@ use pgwire_replication::client::ReplicationEvent;
 use pgwire_replication::{ReplicationClient, ReplicationConfig};
 use railhook_config::Config;
 use railhook_core::Lsn;
-use railhook_kafka::Announcer;
+use railhook_kafka::announcement::MESSAGE_PREFIX_FAMILY;
+use railhook_kafka::{Announcement, Announcer, Stamp};
+use railhook_telemetry::stages::{self, Stage};
 use railhook_store::DatabaseUrl;
 use rdkafka::error::KafkaError;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +91,9 @@ pub struct RelayStats {
     pub confirmed_lsn: std::sync::atomic::AtomicU64,
     /// From the commit of an outbox insert to Kafka's acknowledgement.
     pub commit_to_ack: prometheus::Histogram,
+    /// The latency stages the relay sees (`commit_to_read`, `read_to_ack`), in the histogram
+    /// the worker observes the others in (`railhook_telemetry::stages`).
+    pub stages: railhook_telemetry::stages::Stages,
     /// The current stream returned its liveness marker (see [`stream`]).
     pub live: std::sync::atomic::AtomicBool,
     /// Messages handed to the producer and not yet acknowledged.
@@ -103,6 +108,7 @@ impl Default for RelayStats {
             produce_errors: Default::default(),
             confirmed_lsn: Default::default(),
             commit_to_ack: crate::health::commit_to_ack_histogram(),
+            stages: Default::default(),
             live: Default::default(),
             in_flight: Default::default(),
         }
@@ -112,14 +118,23 @@ impl Default for RelayStats {
 /// Microseconds from the Unix epoch to the Postgres epoch (2000-01-01).
 const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
 
+/// A commit time (Postgres epoch microseconds) as Postgres prints a `timestamptz` in UTC
+/// (`2026-12-05 18:00:00.123456+00`): the `created_at` of an announcement that has no outbox
+/// row to take it from.
+fn pg_timestamp_text(pg_micros: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(pg_micros + PG_EPOCH_UNIX_MICROS)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string())
+        .unwrap_or_default()
+}
+
 fn seconds_since_pg_micros(pg_micros: i64) -> f64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0);
     ((now - PG_EPOCH_UNIX_MICROS - pg_micros).max(0) as f64) / 1e6
 }
 
-/// A message handed to the producer: its progress ticket, its commit's time, and Kafka's
-/// answer when it comes.
-type Acked = (Ticket, i64, Result<(), KafkaError>);
+/// A message handed to the producer: its progress ticket, its commit's time, when the relay
+/// read it, and Kafka's answer when it comes.
+type Acked = (Ticket, i64, Instant, Result<(), KafkaError>);
 type Reannouncing = tokio::task::JoinHandle<Result<crate::reannounce::Reannounced, RelayError>>;
 
 /// The loop's state between events. The order of the steps inside each method is what
@@ -259,11 +274,12 @@ impl Streaming {
     /// Kafka answered for one message: its ticket counts towards the confirmable position, or
     /// the stream ends unconfirmed (librdkafka already retried within its delivery timeout;
     /// the restart replays from the slot).
-    fn acked(&mut self, (ticket, committed, result): Acked) -> Result<(), RelayError> {
+    fn acked(&mut self, (ticket, committed, read, result): Acked) -> Result<(), RelayError> {
         match result {
             Ok(()) => {
                 self.progress.acked(ticket);
                 self.stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
+                self.stats.stages.observe_since(Stage::ReadToAck, read);
                 self.stats.produced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
             }
@@ -329,13 +345,23 @@ impl Streaming {
                     self.live(needs_reannounce);
                 }
             }
+            // An announcement written by `railhook_announce` in this transaction (CDC mode):
+            // one message for a whole statement, an announcement per line. Produced now,
+            // like an outbox insert; confirmed with the commit.
+            Some(ReplicationEvent::Message { transactional: true, prefix, content, .. }) if prefix.starts_with(MESSAGE_PREFIX_FAMILY) => {
+                let created_at = pg_timestamp_text(self.commit_time);
+                for announcement in Announcement::parse_message(&prefix, &content, &created_at)? {
+                    self.produce(announcement).await?;
+                }
+            }
+            // Someone else's messages (other software may emit its own in this database).
             Some(ReplicationEvent::Message { .. }) => {}
             Some(ReplicationEvent::StoppedAt { .. }) => return Err(RelayError::StreamEnded),
             Some(ReplicationEvent::XLogData { data, .. }) => match pgoutput::decode(&data)? {
                 Message::Relation(rel) => self.relations.insert(&rel)?,
                 Message::Insert { relation_id, tuple } => {
                     let row = self.relations.row(relation_id, &tuple)?;
-                    self.produce(&row).await?;
+                    self.produce(row.announcement()?).await?;
                 }
                 Message::Begin { .. } | Message::Commit { .. } | Message::Logical { .. } | Message::Origin { .. } | Message::Type { .. } => {}
             },
@@ -347,6 +373,23 @@ impl Streaming {
     fn live(&mut self, needs_reannounce: bool) {
         self.stats.live.store(true, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(slot = %self.config.relay.slot_name, "stream is live");
+        // From now on this stream decodes every transaction that starts: announcements may
+        // go as logical decoding messages (`railhook_store::lifecycle::announce`). Not
+        // setting it (Postgres refused) leaves outbox rows, which this relay reads too.
+        let url = self.config.database.url.clone();
+        tokio::spawn(async move {
+            let set = async {
+                let (client, conn) = crate::connect(&url).await?;
+                let before = railhook_store::lifecycle::announce::set_via(&client, railhook_store::lifecycle::announce::Via::Message).await;
+                conn.abort();
+                Ok::<_, RelayError>(before?)
+            };
+            match set.await {
+                Ok(Some(before)) => tracing::info!(before = before.as_str(), "announcements now go as logical decoding messages"),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "could not switch announcements to logical decoding messages; they stay outbox rows"),
+            }
+        });
         if needs_reannounce && self.reannounce.is_none() {
             let url = self.config.database.url.clone();
             self.reannounce = Some(tokio::spawn(async move {
@@ -358,14 +401,17 @@ impl Streaming {
         }
     }
 
-    /// One outbox insert, in this order: its ticket first, then the message to Kafka
-    /// (waiting while the producer's queue is full), then its acknowledgement awaited among
-    /// the others.
-    async fn produce(&mut self, row: &OutboxRow) -> Result<(), RelayError> {
-        let announcement = row.announcement()?;
+    /// One announcement (an outbox insert, or a line of an announcement message), in this
+    /// order: its ticket first, then the message to Kafka (waiting while the producer's queue
+    /// is full), then its acknowledgement awaited among the others.
+    async fn produce(&mut self, announcement: Announcement) -> Result<(), RelayError> {
         let ticket = self.progress.produced()?;
         self.stats.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let delivery = self.announcer.send(&announcement, Some(self.commit_lsn)).await.map_err(RelayError::Produce)?;
+        let (read, read_us) = (Instant::now(), stages::unix_micros_now());
+        let commit_time_us = self.commit_time + PG_EPOCH_UNIX_MICROS;
+        self.stats.stages.observe(Stage::CommitToRead, Duration::from_micros((read_us - commit_time_us).max(0) as u64));
+        let stamp = Stamp { commit_lsn: Some(self.commit_lsn), commit_time_us: Some(commit_time_us), relay_read_us: Some(read_us) };
+        let delivery = self.announcer.send(&announcement, &stamp).await.map_err(RelayError::Produce)?;
         let committed = self.commit_time;
         self.in_flight.push(Box::pin(async move {
             let result = match delivery.await {
@@ -374,7 +420,7 @@ impl Streaming {
                 // The producer was destroyed with the message still queued.
                 Err(_) => Err(KafkaError::Canceled),
             };
-            (ticket, committed, result)
+            (ticket, committed, read, result)
         }));
         Ok(())
     }

@@ -229,7 +229,7 @@ async fn publishes_every_row_in_order_per_key_and_marks_it_published() {
         let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
         for msg in &got {
             let names: Vec<&str> = msg.headers.iter().map(|(k, _)| k.as_str()).collect();
-            assert_eq!(names, ["outbox_id"], "no commit_lsn when polling");
+            assert_eq!(names, ["outbox_id", "relay_read_us"], "no commit_lsn or commit time when polling, the time the row was read");
             let row = by_id[&msg.outbox_id()];
             // Byte for byte what the CDC relay would have sent for this row.
             let (want_topic, want_key, want_value) = railhook_relay::stream::announcement(&config, row).unwrap();

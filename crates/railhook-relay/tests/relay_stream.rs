@@ -295,3 +295,63 @@ async fn refuses_a_publication_without_the_outbox_a_foreign_plugin_and_a_missing
     let err = Relay::start(&config).task.await.unwrap().unwrap_err().to_string();
     assert!(err.contains("does not exist") && err.contains("pg_create_logical_replication_slot"), "{err}");
 }
+
+/// Issue 30: once the stream is live the relay switches announcements to logical decoding
+/// messages; an ingest then writes no outbox row, one message announces every Delivery of
+/// the statement, a rolled-back announcement is never produced, and the polling relay
+/// switches back to rows and announces again what is PENDING.
+#[tokio::test]
+async fn announcements_are_logical_decoding_messages_while_the_cdc_relay_streams() {
+    use railhook_store::lifecycle::announce::{via, Via};
+    let db = TestDb::new().await;
+    let config = Arc::new(test_config(&db));
+    let client = db.client().await;
+    let pool = railhook_store::build_pool(&config.database).unwrap();
+    assert_eq!(via(&client).await.unwrap(), Via::Outbox, "rows until a relay says otherwise");
+    let relay = Relay::start(&config);
+    relay.live().await;
+    eventually(Duration::from_secs(20), "the switch to say message", || async { (via(&client).await.unwrap() == Via::Message).then_some(()) }).await;
+
+    let fixture = Fixture::create(&client, 3).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..5 {
+        deliveries.extend(fixture.ingest(&pool, "order.paid").await);
+    }
+    assert_eq!(deliveries.len(), 15, "three Endpoints, five events");
+    let rows: i64 = client.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "no outbox row while announcements are messages");
+
+    // A transaction that announces and rolls back announces nothing.
+    let ghost = Uuid::now_v7();
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .execute("SELECT railhook_announce('d', ARRAY[$1::uuid], ARRAY[$2::uuid], ARRAY[$3::uuid], 'created')", &[&fixture.project.0, &ghost, &fixture.endpoints[0].0])
+        .await
+        .unwrap();
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let after = fixture.ingest(&pool, "order.paid").await;
+    deliveries.extend(after.clone());
+
+    let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
+    seen.until(Duration::from_secs(60), "every Delivery announced", |s| all_announced(s, &deliveries)).await;
+    let counts = seen.delivery_counts();
+    assert!(deliveries.iter().all(|d| counts[d] == 1), "each once: {counts:?}");
+    assert!(!counts.contains_key(&railhook_core::DeliveryId(ghost).to_string()), "the rolled-back announcement never went out");
+    for a in &seen.seen {
+        assert_eq!((a.outbox_id, a.reason.as_str()), (0, "created"), "{a:?}");
+        assert!(a.commit_lsn.is_some(), "the commit's LSN travels as with rows: {a:?}");
+        let endpoint: railhook_core::EndpointId = a.key.parse().unwrap();
+        assert!(fixture.endpoints.contains(&endpoint), "keyed by the Endpoint");
+    }
+    relay.stop().await;
+
+    // The poller reads rows: it switches back and announces the PENDING Deliveries again.
+    railhook_relay::poll::announce_by_outbox(&client).await.unwrap();
+    assert_eq!(via(&client).await.unwrap(), Via::Outbox);
+    let reannounced: i64 = client.query_one("SELECT count(*) FROM outbox WHERE reason = 'reannounce'", &[]).await.unwrap().get(0);
+    assert_eq!(reannounced, deliveries.len() as i64, "every PENDING Delivery, as a row");
+    railhook_relay::poll::announce_by_outbox(&client).await.unwrap();
+    let again: i64 = client.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+    assert_eq!(again, reannounced, "already rows: nothing announced again");
+    drop_slot(&client, &config.relay.slot_name).await;
+}

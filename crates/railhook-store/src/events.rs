@@ -4,7 +4,8 @@
 //! matching Subscriptions: it inserts the Event, finds the matching enabled Subscriptions by
 //! index (`event_type_pattern = ANY(candidates)`, the few patterns that can match the type),
 //! hands out ordering sequence numbers, inserts one Delivery per (endpoint, subscription) and
-//! one Outbox row per Delivery. A failure anywhere leaves none of it.
+//! announces them (`railhook_announce`: an outbox row each, or in CDC mode one logical
+//! decoding message for all). A failure anywhere leaves none of it.
 //!
 //! Duplicate window 1 (a client retrying its POST) is closed by the unique index on
 //! `(project_id, idempotency_key)`: the insert uses `ON CONFLICT DO NOTHING`, which waits for
@@ -65,11 +66,10 @@ dl AS (
     RETURNING id, project_id, endpoint_id, subscription_id, sequence_number
 ),
 ob AS (
-    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-    SELECT dl.project_id, dl.id, dl.endpoint_id, 'created' FROM dl
+    SELECT railhook_announce('d', array_agg(dl.project_id), array_agg(dl.id), array_agg(dl.endpoint_id), 'created') AS n FROM dl
 )
 SELECT who.project_id, ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
-FROM who LEFT JOIN ev ON true LEFT JOIN dl ON true
+FROM who CROSS JOIN ob LEFT JOIN ev ON true LEFT JOIN dl ON true
 ORDER BY dl.id";
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]

@@ -101,11 +101,10 @@ fw AS (
     RETURNING id, destination_id
 ),
 ob AS (
-    INSERT INTO outbox (project_id, forward_id, routing_id, reason)
-    SELECT $2, fw.id, fw.destination_id, 'created' FROM fw
+    SELECT railhook_announce('f', array_agg($2::uuid), array_agg(fw.id), array_agg(fw.destination_id), 'created') AS n FROM fw
 )
 SELECT ev.received_at, fw.id, fw.destination_id
-FROM ev LEFT JOIN fw ON true
+FROM ev CROSS JOIN ob LEFT JOIN fw ON true
 ORDER BY fw.id";
 
 /// Stores a verified request (see the module doc). `db` is a pooled client: the statement is

@@ -184,6 +184,18 @@ async fn migration_0017_copies_existing_attempts_into_daily_partitions() {
     let up_to_16: Vec<_> = Migrator::embedded().migrations().iter().filter(|m| m.version < 17).cloned().collect();
     Migrator::new(up_to_16).run(&mut client).await.unwrap();
 
+    // Today's ingest announces through `railhook_announce` (migration 0030 and its
+    // repeatable); a database at 0016 has neither, so the rows' announcements are outbox rows
+    // made by a stand-in, as the ingest of that time made them.
+    client
+        .batch_execute(
+            "CREATE FUNCTION railhook_announce(p_kind \"char\", p_projects uuid[], p_ids uuid[], p_routing uuid[], p_reason text, p_tokens uuid[] DEFAULT NULL)
+             RETURNS integer LANGUAGE sql AS $$
+                 INSERT INTO outbox (project_id, delivery_id, routing_id, reason) SELECT * FROM unnest(p_projects, p_ids, p_routing) , LATERAL (SELECT p_reason) r;
+                 SELECT coalesce(cardinality(p_ids), 0) $$",
+        )
+        .await
+        .unwrap();
     let fixture = Fixture::create(&client, 2).await;
     let deliveries = ingest(&client, &fixture).await;
     let now = Utc::now();
@@ -272,6 +284,6 @@ async fn making_a_partition_does_not_wait_for_writes_to_deliveries_or_forwards()
         .await
         .unwrap()
         .get(0);
-    assert_eq!(keys, 1, "only the key to projects is left");
+    assert_eq!(keys, 0, "no foreign keys at all (the key to projects went in migration 0031)");
     tx.rollback().await.unwrap();
 }

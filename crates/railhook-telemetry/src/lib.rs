@@ -1,9 +1,11 @@
 //! Telemetry: `tracing` logs (human or JSON), one Prometheus registry per process, and the
 //! operational routes every component serves: `/metrics`, `/healthz` (the process is up) and
 //! `/readyz` (its dependencies are reachable). And the HTTP/1 server they and the API run on
-//! ([`serve_with`]), whose connections end in a lingering close (module `lingering`).
+//! ([`serve_with`]), whose connections end in a lingering close (module `lingering`). And the
+//! latency stages of a Delivery's path ([`stages`]), which the relay and the worker observe.
 
 mod lingering;
+pub mod stages;
 
 use std::future::Future;
 use std::pin::Pin;

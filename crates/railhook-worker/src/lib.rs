@@ -14,7 +14,9 @@ use railhook_config::Config;
 use railhook_core::EndpointId;
 use railhook_store::lifecycle;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Headers;
 use rdkafka::Message;
+use railhook_telemetry::stages::Stage;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -199,6 +201,10 @@ impl Consuming<'_> {
     /// A message from Kafka: parsed, then run or queued by its Endpoint (the message key).
     fn message(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (partition, offset) = (message.partition(), message.offset());
+        let received = tokio::time::Instant::now();
+        if let Some(read_us) = message.headers().and_then(|h| railhook_kafka::Stamp::relay_read_us(h.iter().map(|h| (h.key, h.value)))) {
+            self.runner.metrics.stages.observe_since_unix_micros(Stage::ReadToPoll, read_us);
+        }
         self.offsets.tracker.started(partition, offset);
         // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
         let Some((endpoint, hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
@@ -206,7 +212,7 @@ impl Consuming<'_> {
             self.offsets.done(partition, offset);
             return;
         };
-        let queued = queues::Queued { hint, place: Some((partition, offset)) };
+        let queued = queues::Queued { hint, place: Some((partition, offset)), received: Some(received) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
         }
@@ -232,7 +238,7 @@ impl Consuming<'_> {
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
-                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None }, place: None };
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None }, place: None, received: None };
                     if let Some(start) = self.queues.offer(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);
@@ -371,7 +377,7 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
         }
     };
     failpoint_task_panic(delivery);
-    let (busy, released) = match runner.run(queued.hint, mode, notify, sent, hard_stop).await {
+    let (busy, released) = match runner.run(queued.hint, queued.received, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");

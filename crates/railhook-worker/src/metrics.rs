@@ -52,6 +52,10 @@ pub struct WorkerMetrics {
     pub forwards: crate::forwards::ForwardMetrics,
     /// The retention job's (`crate::retention`).
     pub retention: crate::retention::RetentionMetrics,
+    /// The latency stages the worker sees (`railhook_telemetry::stages`): from the relay's
+    /// read to the finalise. Registered by whoever owns the registry (the binary), since in
+    /// `railhook all` the relay shares it.
+    pub stages: railhook_telemetry::stages::Stages,
 }
 
 impl Default for WorkerMetrics {
@@ -105,6 +109,7 @@ impl WorkerMetrics {
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
             forwards: crate::forwards::ForwardMetrics::new(),
             retention: crate::retention::RetentionMetrics::new(),
+            stages: Default::default(),
         }
     }
 

@@ -76,6 +76,10 @@ impl QueueLimits {
 pub struct Queued {
     pub hint: Hint,
     pub place: Option<(i32, i64)>,
+    /// When the consumer received its Kafka message (the start of the `poll_to_claim`
+    /// latency stage); `None` for a hint with no message (an ordered successor released by
+    /// its predecessor's finalise).
+    pub received: Option<tokio::time::Instant>,
 }
 
 /// A hint to run now, in this claim mode.
@@ -365,7 +369,7 @@ mod tests {
     }
 
     fn hint(offset: i64) -> Queued {
-        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, place: Some((0, offset)) }
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, place: Some((0, offset)), received: None }
     }
 
     #[test]

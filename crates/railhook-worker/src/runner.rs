@@ -20,6 +20,8 @@ use std::time::Duration;
 use railhook_core::signing::EndpointSecret;
 use railhook_core::{ClaimToken, DeferralReason};
 use railhook_store::lifecycle::{self, AttemptRecord, ClaimRequest, ClaimResult, Claimed, Next};
+use railhook_telemetry::stages::Stage;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::consumer::Hint;
@@ -273,8 +275,13 @@ impl Runner {
     /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
     /// once the request has ended, before the finalise (the Endpoint's slot is free then; see
     /// [`Finishing`]); never if no request was made.
-    pub async fn run(&self, hint: Hint, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    ///
+    /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
+    /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
+    /// [`Runner::attempt`]).
+    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let claimed = self.claim(hint, mode, &hard_stop).await;
+        let claim_done = Instant::now();
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
             return Ok(Ran::Busy(busy_on(*reason)).into());
@@ -297,6 +304,9 @@ impl Runner {
             }
         };
         self.metrics.claims_won.inc();
+        if let Some(received) = received {
+            self.metrics.stages.observe(Stage::PollToClaim, claim_done - received);
+        }
         if claimed.gap_timeout {
             tracing::info!(delivery = %claimed.id, sequence = ?claimed.sequence_number, "ordering gap timeout: sent without its predecessor");
             self.metrics.ordering_gap_timeouts.inc();
@@ -304,7 +314,7 @@ impl Runner {
         if let Some(parked) = claimed.parked_at {
             self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
-        self.attempt(claimed, sent_tx, &hard_stop).await
+        self.attempt(claimed, claim_done, sent_tx, &hard_stop).await
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
@@ -343,9 +353,11 @@ impl Runner {
     }
 
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: Claimed, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
+    async fn attempt(&self, claimed: Claimed, claim_done: Instant, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
         let request = self.request(&claimed);
         let request_headers = http::recorded_headers(&request.headers, &[]);
+        let sending = Instant::now();
+        self.metrics.stages.observe(Stage::ClaimToSend, sending - claim_done);
         // Invariant 1: nothing but the HTTP request in this future.
         let outcome = tokio::select! {
             outcome = self.sender.send(request) => outcome,
@@ -357,6 +369,8 @@ impl Runner {
         };
         // The request is over: out of the concurrency counts from here to the finalise's end
         // (the guard), and the Endpoint's slot is free for its next hint.
+        let responded = Instant::now();
+        self.metrics.stages.observe(Stage::Request, responded - sending);
         let _finishing = self.finishing.enter(claimed.token);
         sent_tx();
         let verdict = http::classify(&outcome);
@@ -368,6 +382,7 @@ impl Runner {
         let last_error = last_error(&verdict, &outcome);
         let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers, self.clock.offset()), healthy);
         let finalised = self.finalise(request).await?;
+        self.metrics.stages.observe(Stage::ResponseToFinalise, responded.elapsed());
         if let Some(change) = finalised.circuit {
             tracing::info!(endpoint = %claimed.endpoint_id, %change, "circuit state changed");
             self.metrics.circuit_changes.with_label_values(&[change.as_str()]).inc();

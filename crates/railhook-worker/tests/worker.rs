@@ -34,6 +34,15 @@ async fn the_happy_path_is_signed_and_verifies() {
     assert!(body["data"]["n"].is_string());
     assert_eq!(sys.attempts(&delivery).await, vec![(1, Some(200), "success".to_string())]);
     assert_eq!(sys.worker.metrics.claims_won.get(), 1);
+    // Every latency stage of the chain was observed once, by the process that sees it
+    // (railhook_telemetry::stages): the relay's two, then the worker's.
+    use railhook_telemetry::stages::Stage;
+    for stage in [Stage::CommitToRead, Stage::ReadToAck] {
+        assert_eq!(sys.relay_metrics.stats.stages.count(stage), 1, "{}", stage.as_str());
+    }
+    for stage in [Stage::ReadToPoll, Stage::PollToClaim, Stage::ClaimToSend, Stage::Request, Stage::ResponseToFinalise] {
+        assert_eq!(sys.worker.metrics.stages.count(stage), 1, "{}", stage.as_str());
+    }
     sys.stop().await;
 }
 
@@ -436,10 +445,10 @@ async fn shutdown_finishes_in_flight_attempts_then_releases_the_rest() {
     let deliveries = fixture.ingest(&sys.pool, "order.created").await;
     eventually(Duration::from_secs(30), "both requests in flight", || async { (receiver.concurrency("*").0 == 2).then_some(()) }).await;
     let started = Instant::now();
-    let System { db, config, client, pool, relay, worker } = sys;
+    let System { db, config, client, pool, relay, relay_metrics, worker } = sys;
     worker.stop().await;
     let took = started.elapsed();
-    let sys = System { db, config, client, pool, relay, worker: Worker::start_paused() };
+    let sys = System { db, config, client, pool, relay, relay_metrics, worker: Worker::start_paused() };
     eprintln!("shutdown: drained in {took:?}");
     assert!(took >= Duration::from_millis(2_500) && took < Duration::from_secs(10), "waited the grace period: {took:?}");
     let statuses: Vec<(String, i32)> = futures::future::join_all(deliveries.iter().map(|d| sys.status(d))).await;

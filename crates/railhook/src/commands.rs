@@ -9,6 +9,7 @@ use railhook_config::Config;
 use railhook_core::{OrganizationId, ProjectId};
 use railhook_store::tenancy;
 use railhook_store::Migrator;
+use railhook_telemetry::stages::Stages;
 use railhook_telemetry::{Metrics, Ops, ReadyCheck};
 use tokio_util::sync::CancellationToken;
 
@@ -98,10 +99,26 @@ pub async fn api(config: Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn relay_metrics(metrics: &Metrics) -> anyhow::Result<railhook_relay::RelayMetrics> {
-    let relay = railhook_relay::RelayMetrics::new(Arc::new(railhook_relay::RelayStats::default()));
+/// The relay's metrics; `stages` is the latency-stage histogram, shared with the worker when
+/// both run in one process (one registry, one series per stage).
+fn relay_metrics(metrics: &Metrics, stages: &Stages) -> anyhow::Result<railhook_relay::RelayMetrics> {
+    let relay = railhook_relay::RelayMetrics::new(Arc::new(railhook_relay::RelayStats { stages: stages.clone(), ..Default::default() }));
     relay.register(metrics.registry())?;
     Ok(relay)
+}
+
+/// The worker's metrics, with the shared latency-stage histogram (see [`relay_metrics`]).
+fn worker_metrics(metrics: &Metrics, stages: &Stages) -> anyhow::Result<railhook_worker::WorkerMetrics> {
+    let worker = railhook_worker::WorkerMetrics { stages: stages.clone(), ..railhook_worker::WorkerMetrics::new() };
+    worker.register(metrics.registry())?;
+    Ok(worker)
+}
+
+/// The latency-stage histogram (`railhook_telemetry::stages`), registered once per process.
+fn stages(metrics: &Metrics) -> anyhow::Result<Stages> {
+    let stages = Stages::new();
+    stages.register(metrics.registry())?;
+    Ok(stages)
 }
 
 type CheckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
@@ -136,7 +153,7 @@ fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
 pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config);
     let metrics = Metrics::new();
-    let relay_metrics = relay_metrics(&metrics)?;
+    let relay_metrics = relay_metrics(&metrics, &stages(&metrics)?)?;
     let listen = config.relay.ops_listen;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding relay.ops_listen {listen}"))?;
     let shutdown = CancellationToken::new();
@@ -153,8 +170,7 @@ pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
 pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
     let config = Arc::new(config);
     let metrics = Metrics::new();
-    let worker_metrics = railhook_worker::WorkerMetrics::new();
-    worker_metrics.register(metrics.registry())?;
+    let worker_metrics = worker_metrics(&metrics, &stages(&metrics)?)?;
     let listen = config.worker.ops_listen;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding worker.ops_listen {listen}"))?;
     let shutdown = CancellationToken::new();
@@ -177,9 +193,9 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
 /// and deliver none.
 pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let metrics = Metrics::new();
-    let relay_metrics = relay_metrics(&metrics)?;
-    let worker_metrics = railhook_worker::WorkerMetrics::new();
-    worker_metrics.register(metrics.registry())?;
+    let stages = stages(&metrics)?;
+    let relay_metrics = relay_metrics(&metrics, &stages)?;
+    let worker_metrics = worker_metrics(&metrics, &stages)?;
     let listen = config.api.listen;
     let state = api_state(config, metrics).await?;
     let config = state.config.clone();

@@ -6,6 +6,9 @@
 //!   Endpoint at 700 events/s for 20 s (reported as `hot_endpoint_700_per_s`).
 //! - `fanout_10`: ten Endpoints subscribed to the one event type; 3,000 events as fast as they
 //!   are accepted (30,000 Deliveries).
+//! - `light`: one Endpoint at 200 events/s for 30 s after 3 s of the same (not counted): the
+//!   light rate on a clean database, where the e2e stack's light phase follows the
+//!   saturation search (`light_clean_200_per_s`).
 //! - `ordered`: one hot Endpoint with an ordered Subscription, at rising fixed rates (25, 50,
 //!   100, 200, 400 events/s, 10 s each); the highest whose every Delivery arrived with p99
 //!   under 1 s is `ordered_max_sustained_per_s`, against the poller-based original's ceiling
@@ -26,7 +29,7 @@ use crate::stack::Stack;
 use crate::{json, percentiles, Args, Percentiles};
 
 /// The phases, by the name that selects them (`railhook-bench hot_endpoint fanout_10`).
-pub const NAMES: [&str; 3] = ["hot_endpoint", "fanout_10", "ordered"];
+pub const NAMES: [&str; 4] = ["hot_endpoint", "fanout_10", "ordered", "light"];
 /// The poller-based original's ceiling for one hot ordered Endpoint: at most 10 rows per
 /// endpoint per poll, one poll a second (DESIGN.md 5's polling baseline has the same bounds).
 const POLLER_ORDERED_CEILING_PER_S: f64 = 10.0;
@@ -52,6 +55,8 @@ struct Load {
     count: Option<u64>,
     rate: Option<f64>,
     duration: Duration,
+    /// Sent before the measured window at the same rate, and not counted.
+    warmup: Duration,
     targets: Targets,
 }
 
@@ -71,11 +76,12 @@ const fn ordered_step(figure: &'static str, rate: f64) -> Load {
         count: None,
         rate: Some(rate),
         duration: Duration::from_secs(10),
+        warmup: Duration::ZERO,
         targets: Targets { every_delivery: true, deliveries_per_s_at_least: None, p99_ms_at_most: Some(1_000.0), zero_deferrals: false },
     }
 }
 
-static SPECS: [Spec; 3] = [
+static SPECS: [Spec; 4] = [
     Spec {
         name: "hot_endpoint",
         endpoints: 1,
@@ -86,6 +92,7 @@ static SPECS: [Spec; 3] = [
                 count: Some(10_000),
                 rate: None,
                 duration: CLOSED_LOOP_CAP,
+                warmup: Duration::ZERO,
                 targets: Targets { every_delivery: true, deliveries_per_s_at_least: Some(1_000.0), p99_ms_at_most: None, zero_deferrals: true },
             },
             Load {
@@ -93,6 +100,7 @@ static SPECS: [Spec; 3] = [
                 count: None,
                 rate: Some(700.0),
                 duration: Duration::from_secs(20),
+                warmup: Duration::ZERO,
                 targets: Targets { every_delivery: false, deliveries_per_s_at_least: None, p99_ms_at_most: Some(100.0), zero_deferrals: true },
             },
         ],
@@ -106,6 +114,7 @@ static SPECS: [Spec; 3] = [
             count: Some(3_000),
             rate: None,
             duration: CLOSED_LOOP_CAP,
+            warmup: Duration::ZERO,
             targets: Targets { every_delivery: true, deliveries_per_s_at_least: Some(2_500.0), p99_ms_at_most: Some(1_000.0), zero_deferrals: false },
         }],
     },
@@ -120,6 +129,19 @@ static SPECS: [Spec; 3] = [
             ordered_step("ordered_200_per_s", 200.0),
             ordered_step("ordered_400_per_s", 400.0),
         ],
+    },
+    Spec {
+        name: "light",
+        endpoints: 1,
+        ordering: false,
+        loads: &[Load {
+            figure: "light_clean_200_per_s",
+            count: None,
+            rate: Some(200.0),
+            duration: Duration::from_secs(30),
+            warmup: Duration::from_secs(3),
+            targets: Targets { every_delivery: true, deliveries_per_s_at_least: None, p99_ms_at_most: Some(6.0), zero_deferrals: true },
+        }],
     },
 ];
 
@@ -192,6 +214,8 @@ struct Figures {
     /// POSTs held by ingest pacing, and their holds' mean (s).
     ingest_held: f64,
     ingest_held_mean_s: f64,
+    /// Each latency stage's count, mean, p50 and p99, and the WAL per Delivery (`stages`).
+    stages: serde_json::Value,
 }
 
 impl Figures {
@@ -214,6 +238,8 @@ impl Figures {
             "latency_201_to_arrival": json(&self.latency), "cpu_cores": self.cpu, "worker": self.worker,
             "worker_queue_waiting_peak": self.queue_waiting_peak, "max_ms_by_second": self.max_ms_by_second,
             "api_ingest_held": self.ingest_held, "api_ingest_held_mean_s": self.ingest_held_mean_s, "targets_met": self.met(),
+            "stages": self.stages["stages"], "wal_bytes_per_delivery": self.stages["wal_bytes_per_delivery"],
+            "postgres_cpu_ms_per_delivery": super::postgres_ms_per_delivery(&self.cpu, self.deliveries_per_s),
         })
     }
 
@@ -307,6 +333,7 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
             "{}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, accepted {:.0}/s, {} POSTs held by ingest pacing (mean {:.0} ms), worker {}",
             load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.accepted_per_s, f.ingest_held, f.ingest_held_mean_s * 1000.0, f.worker
         );
+        println!("{}: {}", load.figure, super::stages::describe(&f.stages));
         let missed = !f.met();
         out.push(f);
         // A rate ladder (ordered) stops at its first missed step: higher ones would only queue.
@@ -321,9 +348,10 @@ async fn run_spec(args: &Args, spec: &'static Spec) -> anyhow::Result<Vec<Figure
 
 /// Runs one load and waits for its Deliveries (until `WAIT` after the last 201).
 async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyhow::Result<Figures> {
-    let plan = Plan { count: load.count, ..super::plan(stack, stack.api_addr, load.rate, load.duration, one_type(EVENT_TYPE)) };
+    let plan = Plan { count: load.count, warmup: load.warmup, ..super::plan(stack, stack.api_addr, load.rate, load.duration, one_type(EVENT_TYPE)) };
     let (cpu0, counters0, dup0) = (cpu_snapshot(stack), worker_counters(stack).await?, rx.duplicates.load(Ordering::Relaxed));
     let held0 = ingest_held(stack).await;
+    let stages0 = super::stages::snapshot(stack).await;
     let queue = QueuePeak::start(stack);
     let start = Instant::now();
     let sent = load::run(&plan).await?;
@@ -341,6 +369,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
     let arrivals = rx.arrivals_of(ids.iter().map(|(id, _)| *id));
     let last = arrivals.iter().flatten().max().copied().unwrap_or(last_201);
     let ms: Vec<f64> = ids.iter().zip(&arrivals).filter_map(|((_, done), at)| at.map(|at| ms_between(*done, at))).collect();
+    let stages = super::stages::delta(&stages0, &super::stages::snapshot(stack).await, ms.len());
     let secs = |to: Instant| to.saturating_duration_since(first).as_secs_f64().max(1e-3);
     let mut max_ms_by_second = Vec::new();
     for ((_, done), at) in ids.iter().zip(&arrivals) {
@@ -373,6 +402,7 @@ async fn measure(stack: &mut Stack, rx: &Receiver, load: &'static Load) -> anyho
         ingest_held_mean_s: if ingest_held_n > 0.0 { (held1.1 - held0.1) / ingest_held_n } else { 0.0 },
         cpu,
         worker,
+        stages,
     })
 }
 

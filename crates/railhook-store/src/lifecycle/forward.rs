@@ -325,10 +325,10 @@ WITH due AS (
     UPDATE forwards f SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
     FROM picked WHERE f.id = picked.id
     RETURNING f.id, f.project_id, f.destination_id, f.claim_token
+), announced AS (
+    SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $5, array_agg(claim_token ORDER BY id)) AS n FROM tokened
 )
-INSERT INTO outbox (project_id, forward_id, routing_id, reason, claim_token)
-SELECT project_id, id, destination_id, $5, claim_token FROM tokened
-RETURNING id";
+SELECT tokened.id FROM tokened CROSS JOIN announced";
 
 /// Tokens and announces one batch of due Forwards; how many.
 pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_destination: i64, per_project: i64, reannounce_after_s: f64) -> Result<usize, StoreError> {
@@ -347,10 +347,10 @@ WITH stuck AS (
                           last_announced_at = now(), updated_at = now()
     FROM stuck WHERE f.id = stuck.id
     RETURNING f.id, f.project_id, f.destination_id
+), announced AS (
+    SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $3) AS n FROM reset
 )
-INSERT INTO outbox (project_id, forward_id, routing_id, reason)
-SELECT project_id, id, destination_id, $3 FROM reset
-RETURNING id";
+SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// PENDING, due, and not announced for `$1` s (the announcement was lost): announced again.
 const SWEEP_STRANDED_SQL: &str = "
@@ -363,10 +363,10 @@ WITH stranded AS (
     UPDATE forwards f SET claim_token = NULL, last_announced_at = now(), updated_at = now()
     FROM stranded WHERE f.id = stranded.id
     RETURNING f.id, f.project_id, f.destination_id
+), announced AS (
+    SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $3) AS n FROM reset
 )
-INSERT INTO outbox (project_id, forward_id, routing_id, reason)
-SELECT project_id, id, destination_id, $3 FROM reset
-RETURNING id";
+SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// What [`sweep`] moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -452,10 +452,10 @@ pub async fn retry(db: &impl GenericClient, project: ProjectId, id: ForwardId, e
             WHERE forwards.id = target.id AND target.status = 'FAILED'
             RETURNING forwards.*
         ), announced AS (
-            INSERT INTO outbox (project_id, forward_id, routing_id, reason) SELECT project_id, id, destination_id, $4 FROM f
+            SELECT railhook_announce('f', array_agg(project_id), array_agg(id), array_agg(destination_id), $4) AS n FROM f
         )
         SELECT target.status::text, f.id IS NOT NULL, {SUMMARY_COLUMNS}
-        FROM target LEFT JOIN f ON true LEFT JOIN destinations d ON d.id = f.destination_id"
+        FROM target CROSS JOIN announced LEFT JOIN f ON true LEFT JOIN destinations d ON d.id = f.destination_id"
     );
     let Some(row) = db.query_opt(&sql, &[&id, &project, &extra_attempts, &AnnouncementReason::ManualRetry.as_str()]).await? else {
         return Ok(ForwardRetryOutcome::NotFound);
@@ -537,9 +537,9 @@ fn bulk_retry_sql() -> String {
             UPDATE forwards f SET {} FROM picked WHERE f.id = picked.id
             RETURNING f.id, f.project_id, f.destination_id
         ), announced AS (
-            INSERT INTO outbox (project_id, forward_id, routing_id, reason) SELECT project_id, id, destination_id, $9 FROM retried
+            SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $9) AS n FROM retried
         )
-        SELECT coalesce(r.id, q.id), q.status::text, r.id IS NOT NULL FROM retried r FULL JOIN requested q ON q.id = r.id",
+        SELECT coalesce(r.id, q.id), q.status::text, r.id IS NOT NULL FROM retried r FULL JOIN requested q ON q.id = r.id CROSS JOIN announced",
         BACK_ON_THE_LADDER.replace("$3", "$8")
     )
 }
@@ -622,10 +622,10 @@ fn replay_sql() -> String {
             FROM ev JOIN destinations d ON d.source_id = ev.source_id AND d.enabled AND ($3::uuid IS NULL OR d.id = $3)
             RETURNING *
         ), ob AS (
-            INSERT INTO outbox (project_id, forward_id, routing_id, reason) SELECT project_id, id, destination_id, $7 FROM fw
+            SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $7) AS n FROM fw
         )
         SELECT (SELECT d.enabled FROM destinations d WHERE d.id = $3 AND d.source_id = ev.source_id), f.id IS NOT NULL, {}
-        FROM ev LEFT JOIN fw f ON true LEFT JOIN destinations d ON d.id = f.destination_id
+        FROM ev CROSS JOIN ob LEFT JOIN fw f ON true LEFT JOIN destinations d ON d.id = f.destination_id
         ORDER BY f.id",
         SUMMARY_COLUMNS
     )

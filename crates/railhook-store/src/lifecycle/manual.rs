@@ -28,7 +28,7 @@ macro_rules! back_on_the_ladder {
 
 /// One Delivery. `target` locks the row and, after waiting for a concurrent writer, sees
 /// its committed status, so the answer (retried, or the status that prevented it) is
-/// never stale. The Outbox row is inserted in the same statement as the update.
+/// never stale. It is announced in the same statement as the update (`railhook_announce`).
 const RETRY_SQL: &str = concat!(
     "
 WITH target AS (
@@ -40,13 +40,12 @@ WITH target AS (
     FROM target WHERE deliveries.id = target.id AND target.status = 'FAILED'
     RETURNING deliveries.*
 ), announced AS (
-    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-    SELECT project_id, id, endpoint_id, $4 FROM d
+    SELECT railhook_announce('d', array_agg(project_id), array_agg(id), array_agg(endpoint_id), $4) AS n FROM d
 )
 SELECT target.status::text, ",
     delivery_columns!(),
     "
-FROM target LEFT JOIN d ON true LEFT JOIN events e ON e.id = d.event_id"
+FROM target CROSS JOIN announced LEFT JOIN d ON true LEFT JOIN events e ON e.id = d.event_id"
 );
 
 pub enum RetryOutcome {
@@ -127,11 +126,10 @@ WITH requested AS (
     FROM picked WHERE d.id = picked.id
     RETURNING d.id, d.project_id, d.endpoint_id
 ), announced AS (
-    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-    SELECT project_id, id, endpoint_id, $9 FROM retried
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $9) AS n FROM retried
 )
 SELECT coalesce(r.id, q.id), q.status::text, r.id IS NOT NULL
-FROM retried r FULL JOIN requested q ON q.id = r.id"
+FROM retried r FULL JOIN requested q ON q.id = r.id CROSS JOIN announced"
 );
 
 /// Which Deliveries a bulk retry is about.

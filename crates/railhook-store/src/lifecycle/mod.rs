@@ -37,6 +37,13 @@
 //! SUCCESS is final. Every write on a claimed row is conditional on its `claim_token` (the
 //! fence); every write on an unclaimed row is conditional on the state it read.
 //!
+//! # Announcements
+//!
+//! Every statement above that announces (the ingest, the scheduler, the sweeps, the relay's
+//! re-announcement, retries, replays, the ingress) calls `railhook_announce` (`announce.sql`)
+//! once, in the same statement: outbox rows or, in CDC mode, one logical decoding message
+//! ([`announce`]).
+//!
 //! # Rules
 //!
 //! `rules.sql` holds the plpgsql of the claim's admission (circuit, concurrency, rates,
@@ -46,6 +53,7 @@
 //! in `railhook_repeatables`, after the versioned migrations, under the migration lock. A rule
 //! change is the diff of that one file.
 
+pub mod announce;
 pub mod claim;
 pub mod finalise;
 pub mod forward;
@@ -58,7 +66,7 @@ pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, F
 pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 
 /// The repeatable SQL of the lifecycle's rules: (name, text). Applied by the migrator.
-pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql"))];
+pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql")), ("announce", include_str!("announce.sql"))];
 
 /// A pooled connection (or a transaction on one) with its statement cache: the per-Attempt
 /// statements (claim, finalise, release) are prepared once per connection, so each costs one

@@ -52,10 +52,9 @@ dl AS (
     RETURNING id, endpoint_id
 ),
 ob AS (
-    INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-    SELECT $2, dl.id, dl.endpoint_id, $7 FROM dl
+    SELECT railhook_announce('d', array_agg($2::uuid ORDER BY dl.id), array_agg(dl.id ORDER BY dl.id), array_agg(dl.endpoint_id ORDER BY dl.id), $7) AS n FROM dl
 )
-SELECT count(*) FROM dl";
+SELECT count(*) FROM dl CROSS JOIN ob";
 
 /// Makes the batch's Deliveries and their announcements; returns how many were made (a
 /// target whose Subscription was deleted since it was chosen makes none). Run it inside the

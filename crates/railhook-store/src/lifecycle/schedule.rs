@@ -36,10 +36,10 @@ WITH due AS (
     UPDATE deliveries d SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
     FROM picked WHERE d.id = picked.id
     RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $5, array_agg(claim_token ORDER BY id)) AS n FROM tokened
 )
-INSERT INTO outbox (project_id, delivery_id, routing_id, reason, claim_token)
-SELECT project_id, id, endpoint_id, $5, claim_token FROM tokened
-RETURNING id";
+SELECT tokened.id FROM tokened CROSS JOIN announced";
 
 /// Claims and announces one batch of due retries; how many.
 pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64, per_project: i64, reannounce_after_s: f64) -> Result<usize, tokio_postgres::Error> {
@@ -58,10 +58,10 @@ WITH stuck AS (
                             last_announced_at = now(), updated_at = now()
     FROM stuck WHERE d.id = stuck.id
     RETURNING d.id, d.project_id, d.endpoint_id
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $3) AS n FROM reset
 )
-INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-SELECT project_id, id, endpoint_id, $3 FROM reset
-RETURNING id";
+SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// Sweep 6.4 (b): PENDING and not announced for `older_than_s` (its announcement was lost):
 /// announced again, the scheduler's token (if any) cleared; bounded by `limit`.
@@ -75,10 +75,10 @@ WITH stranded AS (
     UPDATE deliveries d SET claim_token = NULL, last_announced_at = now(), updated_at = now()
     FROM stranded WHERE d.id = stranded.id
     RETURNING d.id, d.project_id, d.endpoint_id
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $3) AS n FROM reset
 )
-INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-SELECT project_id, id, endpoint_id, $3 FROM reset
-RETURNING id";
+SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// Sweep 6.4 (c): the hard cap. PENDING Deliveries whose ladder started more than
 /// `max_age_s` ago go to Failed Messages.
@@ -127,10 +127,10 @@ WITH forgotten AS (
     UPDATE deliveries d SET last_announced_at = now(), updated_at = now()
     FROM forgotten WHERE d.id = forgotten.id
     RETURNING d.id, d.project_id, d.endpoint_id
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $2) AS n FROM marked
 )
-INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-SELECT project_id, id, endpoint_id, $2 FROM marked
-RETURNING id";
+SELECT marked.id FROM marked CROSS JOIN announced";
 
 /// When the Postgres server (its postmaster) started: a change means it restarted.
 pub async fn server_started_at(db: &impl GenericClient) -> Result<chrono::DateTime<chrono::Utc>, tokio_postgres::Error> {
@@ -230,10 +230,10 @@ WITH batch AS (
     ORDER BY id LIMIT $2
 ), marked AS (
     UPDATE deliveries d SET last_announced_at = now() FROM batch WHERE d.id = batch.id
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $3) AS n FROM batch
 )
-INSERT INTO outbox (project_id, delivery_id, routing_id, reason)
-SELECT project_id, id, endpoint_id, $3 FROM batch ORDER BY id
-RETURNING delivery_id";
+SELECT batch.id FROM batch CROSS JOIN announced";
 
 const REANNOUNCE_FORWARDS_SQL: &str = "
 WITH batch AS (
@@ -242,10 +242,10 @@ WITH batch AS (
     ORDER BY id LIMIT $2
 ), marked AS (
     UPDATE forwards f SET last_announced_at = now() FROM batch WHERE f.id = batch.id
+), announced AS (
+    SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $3) AS n FROM batch
 )
-INSERT INTO outbox (project_id, forward_id, routing_id, reason)
-SELECT project_id, id, destination_id, $3 FROM batch ORDER BY id
-RETURNING forward_id";
+SELECT batch.id FROM batch CROSS JOIN announced";
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Reannounced {

@@ -140,6 +140,7 @@ pub struct System {
     pub client: tokio_postgres::Client,
     pub pool: railhook_store::Pool,
     pub relay: (CancellationToken, tokio::task::JoinHandle<Result<(), railhook_relay::RelayError>>),
+    pub relay_metrics: railhook_relay::RelayMetrics,
     pub worker: Worker,
 }
 
@@ -191,7 +192,7 @@ impl System {
         })
         .await;
         let worker = Worker::start(&config);
-        System { db, config, client, pool, relay: (relay_stop, relay), worker }
+        System { db, config, client, pool, relay: (relay_stop, relay), relay_metrics: metrics, worker }
     }
 
     pub async fn status(&self, delivery: &str) -> (String, i32) {

@@ -1,0 +1,43 @@
+-- Announcements (DESIGN.md 5, issue 30): how every statement that makes work for the worker
+-- announces it, in its own transaction. A repeatable migration like rules.sql: applied again
+-- whenever this file changes.
+--
+-- railhook_announce(kind, projects, ids, routing, reason, tokens) announces one statement's
+-- Deliveries (kind 'd', routed by Endpoint) or Forwards (kind 'f', routed by Destination),
+-- one reason for all, the scheduler's tokens on the retry path (NULL otherwise), the arrays
+-- aligned. It returns how many it announced. By `railhook_announce_via` (migration 0030):
+-- - 'message': ONE transactional logical decoding message for the whole statement, prefix
+--   'railhook.announce.v1', one line per announcement: `<kind> <id> <routing> <reason>`
+--   and ` <token>` when there is one (uuids in their hyphenated text form). Decoded by
+--   pgoutput (`messages 'true'`) inside the transaction, so the relay announces it at the
+--   commit and never for a rollback, exactly as it would an outbox insert
+--   (railhook_kafka::announcement::Announcement::parse_message reads it);
+-- - 'outbox': one outbox row per announcement (the polling relay's table).
+-- Callers reference its result in their query (a CTE that calls it, joined in), so it runs
+-- once per statement, after the rows it announces were written.
+CREATE OR REPLACE FUNCTION railhook_announce(
+    p_kind "char", p_projects uuid[], p_ids uuid[], p_routing uuid[], p_reason text, p_tokens uuid[] DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF p_kind NOT IN ('d', 'f') THEN
+        RAISE EXCEPTION 'railhook_announce: kind %, expected d or f', p_kind;
+    END IF;
+    IF (SELECT via FROM railhook_announce_via) = 'message' THEN
+        PERFORM pg_logical_emit_message(true, 'railhook.announce.v1',
+            (SELECT string_agg(concat_ws(' ', p_kind, u.id, u.routing, p_reason, u.token), E'\n' ORDER BY u.n)
+             FROM unnest(p_ids, p_routing, p_tokens) WITH ORDINALITY AS u(id, routing, token, n)));
+    ELSIF p_kind = 'd' THEN
+        INSERT INTO outbox (project_id, delivery_id, routing_id, reason, claim_token)
+        SELECT u.project, u.id, u.routing, p_reason, u.token
+        FROM unnest(p_projects, p_ids, p_routing, p_tokens) WITH ORDINALITY AS u(project, id, routing, token, n) ORDER BY u.n;
+    ELSE
+        INSERT INTO outbox (project_id, forward_id, routing_id, reason, claim_token)
+        SELECT u.project, u.id, u.routing, p_reason, u.token
+        FROM unnest(p_projects, p_ids, p_routing, p_tokens) WITH ORDINALITY AS u(project, id, routing, token, n) ORDER BY u.n;
+    END IF;
+    RETURN cardinality(p_ids);
+END $$;
