@@ -14,8 +14,8 @@
 -- Project. What a `DELETE FROM projects` by hand would now leave behind (that Project's
 -- Events, Deliveries and Attempts) is out of every API's reach, which looks rows up by
 -- project, and is taken by retention (Events, Deliveries) and the daily partition drop
--- (Attempts). The keys to `endpoints`, `subscriptions` and `events` stay: deleting an
--- Endpoint or a Subscription still deletes their Deliveries.
+-- (Attempts). The keys from `deliveries` to `endpoints` and `events` stay (an Endpoint's
+-- delete takes its history in batches first: railhook_store::deletion, migration 0027).
 ALTER TABLE events DROP CONSTRAINT IF EXISTS events_project_id_fkey;
 ALTER TABLE deliveries DROP CONSTRAINT IF EXISTS deliveries_project_id_fkey;
 ALTER TABLE attempts DROP CONSTRAINT IF EXISTS attempts_project_id_fkey;

@@ -26,6 +26,7 @@ pub mod ingress;
 pub mod openapi;
 pub mod pacing;
 pub mod pagination;
+pub mod panics;
 pub mod replays;
 pub mod schema;
 pub mod sources;
@@ -44,11 +45,24 @@ pub struct AppState {
     pub resolver: Resolver,
     /// Ingest pacing ([`pacing`]): off until [`run`] starts it.
     pub pacer: pacing::Pacer,
+    /// Answers (and counts) a handler's panic ([`panics`]).
+    pub panics: panics::PanicResponse,
+    /// The test hook `GET /failpoints/panic` ([`panics::FAILPOINT_ENV`]); off by default.
+    pub panic_route: bool,
 }
 
 impl AppState {
     pub fn new(config: Arc<Config>, pool: Pool, metrics: Metrics) -> AppState {
-        AppState { config, pool, metrics, resolver: railhook_core::address::system_resolver(), pacer: pacing::Pacer::off() }
+        let panics = panics::PanicResponse::new(&metrics);
+        AppState {
+            config,
+            pool,
+            metrics,
+            resolver: railhook_core::address::system_resolver(),
+            pacer: pacing::Pacer::off(),
+            panics,
+            panic_route: panics::failpoint_from_env(),
+        }
     }
 }
 
@@ -113,19 +127,23 @@ fn v1(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The whole router. Tests call it directly.
+/// The whole router. Tests call it directly. A handler's panic anywhere in it is a JSON 500
+/// ([`panics`]).
 pub fn app(state: AppState) -> Router {
     let ops = Ops::new(state.metrics.clone(), vec![("postgres", postgres_check(state.pool.clone()))]);
     let ingress = ingress::router(&state);
     let ui = railhook_ui::router(railhook_ui::UiState::new(state.config.clone(), state.pool.clone()));
-    v1(state)
-        .merge(ingress)
-        .merge(ui)
-        .merge(railhook_telemetry::ops_router(ops))
+    let (panics, panic_route) = (state.panics.clone(), state.panic_route);
+    let mut router = v1(state).merge(ingress).merge(ui).merge(railhook_telemetry::ops_router(ops));
+    if panic_route {
+        router = router.route(panics::FAILPOINT_PATH, get(panics::panic_now));
+    }
+    router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "route_not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not accept that method")
         })
+        .layer(panics.layer())
 }
 
 /// Serves the API on `listener` until `shutdown` is cancelled, with the header and body read

@@ -495,7 +495,8 @@ async fn subscription_crud_round_trip() {
     assert_error(&api.get(&p.key, &format!("/v1/subscriptions/{id}")).await, 404, "not_found", None);
     assert_error(&delete(&api, &p.key, &format!("/v1/subscriptions/{id}")).await, 404, "not_found", None);
     assert_error(&patch(&api, &p.key, &format!("/v1/subscriptions/{id}"), json!({"enabled": false})).await, 404, "not_found", None);
-    assert_eq!(api.count("SELECT count(*) FROM deliveries WHERE subscription_id IS NULL").await, 1, "its Delivery stays");
+    let kept = format!("SELECT count(*) FROM deliveries WHERE subscription_id = '{}'", uuid_of(id));
+    assert_eq!(api.count(&kept).await, 1, "its Delivery stays, naming the Subscription that made it");
 }
 
 #[tokio::test]

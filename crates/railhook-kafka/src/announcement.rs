@@ -59,12 +59,24 @@ pub struct Stamp {
 }
 
 impl Stamp {
+    /// The stamps of a message's headers (each one that is there and parses).
+    pub fn from_headers<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Stamp {
+        let mut stamp = Stamp::default();
+        for (name, value) in headers {
+            let Some(text) = value.and_then(|v| std::str::from_utf8(v).ok()) else { continue };
+            match name {
+                header::COMMIT_LSN => stamp.commit_lsn = text.parse().ok(),
+                header::COMMIT_TIME_US => stamp.commit_time_us = text.parse().ok(),
+                header::RELAY_READ_US => stamp.relay_read_us = text.parse().ok(),
+                _ => {}
+            }
+        }
+        stamp
+    }
+
     /// The relay-read stamp of a message's headers, if it has one that parses.
     pub fn relay_read_us<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Option<i64> {
-        headers
-            .into_iter()
-            .find(|(k, _)| *k == header::RELAY_READ_US)
-            .and_then(|(_, v)| std::str::from_utf8(v?).ok()?.parse().ok())
+        Stamp::from_headers(headers).relay_read_us
     }
 }
 

@@ -352,7 +352,8 @@ pub async fn ensure_index(client: &Client) -> Result<(), tokio_postgres::Error> 
             &[],
         )
         .await?
-        .map(|r| r.get(0));
+        .map(|r| r.try_get(0))
+        .transpose()?;
     match valid {
         Some(true) => return Ok(()),
         Some(false) => client.batch_execute("DROP INDEX CONCURRENTLY IF EXISTS outbox_poll_idx").await?,

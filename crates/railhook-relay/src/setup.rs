@@ -53,7 +53,7 @@ impl SlotPolicy {
 
 async fn create_slot(client: &Client, slot: &str) -> Result<String, RelayError> {
     let row = client.query_one("SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot]).await?;
-    Ok(row.get(0))
+    Ok(row.try_get(0)?)
 }
 
 pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
@@ -77,7 +77,7 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
             )))
         }
         Some(row) => {
-            let (ins, upd, del, trunc): (bool, bool, bool, bool) = (row.get(0), row.get(1), row.get(2), row.get(3));
+            let (ins, upd, del, trunc): (bool, bool, bool, bool) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?);
             if !ins || upd || del || trunc {
                 return Err(RelayError::Misconfigured(format!(
                     "publication {0} must publish inserts only: ALTER PUBLICATION {0} SET (publish = 'insert')",
@@ -90,8 +90,8 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
         .query("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1", &[&config.publication_name])
         .await?
         .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
     if !tables.iter().any(|t| t.ends_with(".outbox")) {
         return Err(RelayError::Misconfigured(format!(
             "publication {0} does not include the outbox table (it has {tables:?}): ALTER PUBLICATION {0} ADD TABLE outbox",
@@ -122,17 +122,17 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
             )))
         }
         Some(row) => {
-            let plugin: String = row.get(0);
+            let plugin: String = row.try_get(0)?;
             if plugin != "pgoutput" {
                 return Err(RelayError::Misconfigured(format!(
                     "slot {name} uses plugin {plugin}, not pgoutput: drop it (railhook slot drop --confirm) and let the relay recreate it"
                 )));
             }
-            if !row.get::<_, bool>(3) {
+            if !row.try_get::<_, bool>(3)? {
                 return Err(RelayError::Misconfigured(format!("slot {name} belongs to another database")));
             }
-            let active_pid: Option<i32> = row.get(4);
-            if row.get::<_, Option<String>>(2).as_deref() == Some("lost") {
+            let active_pid: Option<i32> = row.try_get(4)?;
+            if row.try_get::<_, Option<String>>(2)?.as_deref() == Some("lost") {
                 if !policy.recreate_lost {
                     return Err(RelayError::SlotLost(name.clone()));
                 }
@@ -140,11 +140,11 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
                     // Another relay still holds the invalidated slot; it will notice and stop.
                     return Err(RelayError::SlotState(format!("{name} is lost but still active for PID {active_pid:?}")));
                 }
-                let keep: String = client.query_one("SELECT current_setting('max_slot_wal_keep_size')", &[]).await?.get(0);
+                let keep: String = client.query_one("SELECT current_setting('max_slot_wal_keep_size')", &[]).await?.try_get(0)?;
                 client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await?;
                 (create_slot(client, name).await?, true, Some(SlotLoss::Invalidated { max_slot_wal_keep_size: keep }), None)
             } else {
-                (row.get::<_, Option<String>>(1).unwrap_or_else(|| "0/0".into()), false, None, active_pid)
+                (row.try_get::<_, Option<String>>(1)?.unwrap_or_else(|| "0/0".into()), false, None, active_pid)
             }
         }
     };

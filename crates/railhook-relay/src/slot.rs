@@ -75,13 +75,13 @@ pub async fn final_confirm(config: &Config, lsn: Lsn, within: Duration) -> Resul
             .query_opt("SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = $1", &[&config.relay.slot_name])
             .await?;
         let Some(row) = row else { break Err(RelayError::SlotLost(config.relay.slot_name.clone())) };
-        let at: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|t| t.parse().ok());
+        let at: Option<Lsn> = row.try_get::<_, Option<String>>(0)?.and_then(|t| t.parse().ok());
         if at.is_some_and(|at| at >= lsn) {
             break Ok(at.unwrap_or(lsn));
         }
-        if !row.get::<_, bool>(1) {
+        if !row.try_get::<_, bool>(1)? {
             match client.query_one("SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)", &[&config.relay.slot_name, &lsn.to_string()]).await {
-                Ok(r) => break Ok(r.get::<_, String>(0).parse().unwrap_or(lsn)),
+                Ok(r) => break Ok(r.try_get::<_, String>(0)?.parse().unwrap_or(lsn)),
                 // Another relay took the slot in between: it resumes from there.
                 Err(e) if Instant::now() >= deadline => break Err(e.into()),
                 Err(_) => {}

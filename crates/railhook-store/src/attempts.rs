@@ -56,7 +56,7 @@ pub async fn partitions(db: &impl GenericClient) -> Result<Vec<Partition>, Store
             &[],
         )
         .await?;
-    Ok(rows.iter().map(|r| Partition { name: r.get(0), from: r.get(1), to: r.get(2) }).collect())
+    rows.iter().map(|r| Ok(Partition { name: r.try_get(0)?, from: r.try_get(1)?, to: r.try_get(2)? })).collect()
 }
 
 /// Makes the partitions of the UTC days from `now`'s to `days_ahead` days later, and of each
@@ -79,7 +79,7 @@ pub async fn ensure_partitions(db: &impl GenericClient, now: DateTime<Utc>, days
             &[&first, &last],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
 }
 
 /// Drops every daily partition whose range ends at or before `cutoff` (so no Attempt at or

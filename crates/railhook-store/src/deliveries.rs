@@ -85,26 +85,26 @@ pub(crate) fn status_from(text: &str) -> Result<DeliveryStatus, StoreError> {
 /// Reads [`delivery_columns!`] starting at column `at`.
 pub(crate) fn delivery_from(r: &Row, at: usize) -> Result<Delivery, StoreError> {
     Ok(Delivery {
-        id: DeliveryId(r.get(at)),
-        event_id: EventId(r.get(at + 1)),
-        event_type: r.get(at + 2),
-        endpoint_id: EndpointId(r.get(at + 3)),
-        subscription_id: r.get::<_, Option<Uuid>>(at + 4).map(SubscriptionId),
-        status: status_from(r.get(at + 5))?,
-        attempt_count: r.get(at + 6),
-        max_attempts: r.get(at + 7),
-        retry_delays: r.get(at + 8),
-        timeout_seconds: r.get(at + 9),
-        next_retry_at: r.get(at + 10),
-        sequence_number: r.get(at + 11),
-        replay_of: r.get::<_, Option<Uuid>>(at + 12).map(DeliveryId),
-        last_error: r.get(at + 13),
-        ladder_started_at: r.get(at + 14),
-        created_at: r.get(at + 15),
-        updated_at: r.get(at + 16),
-        completed_at: r.get(at + 17),
-        parked: r.get::<_, Option<DateTime<Utc>>>(at + 18).is_some(),
-        parked_since: r.get(at + 18),
+        id: DeliveryId(r.try_get(at)?),
+        event_id: EventId(r.try_get(at + 1)?),
+        event_type: r.try_get(at + 2)?,
+        endpoint_id: EndpointId(r.try_get(at + 3)?),
+        subscription_id: r.try_get::<_, Option<Uuid>>(at + 4)?.map(SubscriptionId),
+        status: status_from(r.try_get(at + 5)?)?,
+        attempt_count: r.try_get(at + 6)?,
+        max_attempts: r.try_get(at + 7)?,
+        retry_delays: r.try_get(at + 8)?,
+        timeout_seconds: r.try_get(at + 9)?,
+        next_retry_at: r.try_get(at + 10)?,
+        sequence_number: r.try_get(at + 11)?,
+        replay_of: r.try_get::<_, Option<Uuid>>(at + 12)?.map(DeliveryId),
+        last_error: r.try_get(at + 13)?,
+        ladder_started_at: r.try_get(at + 14)?,
+        created_at: r.try_get(at + 15)?,
+        updated_at: r.try_get(at + 16)?,
+        completed_at: r.try_get(at + 17)?,
+        parked: r.try_get::<_, Option<DateTime<Utc>>>(at + 18)?.is_some(),
+        parked_since: r.try_get(at + 18)?,
     })
 }
 
@@ -238,27 +238,26 @@ pub async fn list_attempts(
     if rows.is_empty() {
         return Ok(None);
     }
-    Ok(Some(
-        rows.iter()
-            .filter_map(|r| {
-                let id: Option<Uuid> = r.get(0);
-                id.map(|id| Attempt {
-                    id: AttemptId(id),
-                    delivery_id: delivery,
-                    attempt_number: r.get(1),
-                    started_at: r.get(2),
-                    duration_ms: r.get(3),
-                    status_code: r.get(4),
-                    result: r.get(5),
-                    error_message: r.get(6),
-                    request_headers: r.get::<_, Option<Json<serde_json::Value>>>(10).map(|j| j.0),
-                    response_headers: r.get::<_, Option<Json<serde_json::Value>>>(7).map(|j| j.0),
-                    response_body: r.get(8),
-                    response_truncated: r.get(9),
-                })
-            })
-            .collect(),
-    ))
+    let mut attempts = Vec::with_capacity(rows.len());
+    for r in &rows {
+        // The Delivery's row without an Attempt (LEFT JOIN): none yet.
+        let Some(id) = r.try_get::<_, Option<Uuid>>(0)? else { continue };
+        attempts.push(Attempt {
+            id: AttemptId(id),
+            delivery_id: delivery,
+            attempt_number: r.try_get(1)?,
+            started_at: r.try_get(2)?,
+            duration_ms: r.try_get(3)?,
+            status_code: r.try_get(4)?,
+            result: r.try_get(5)?,
+            error_message: r.try_get(6)?,
+            request_headers: r.try_get::<_, Option<Json<serde_json::Value>>>(10)?.map(|j| j.0),
+            response_headers: r.try_get::<_, Option<Json<serde_json::Value>>>(7)?.map(|j| j.0),
+            response_body: r.try_get(8)?,
+            response_truncated: r.try_get(9)?,
+        });
+    }
+    Ok(Some(attempts))
 }
 
 /// A FAILED Delivery, as Failed Messages lists it.
@@ -314,18 +313,19 @@ pub async fn list_failed(
             &[&project.0, &f.endpoint_id.map(|e| e.0), &f.event_type, &f.completed_after, &f.completed_before, &after.map(|a| a.0), &limit],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| FailedMessage {
-            delivery_id: DeliveryId(r.get(0)),
-            event_id: EventId(r.get(1)),
-            event_type: r.get(2),
-            endpoint_id: EndpointId(r.get(3)),
-            attempt_count: r.get(4),
-            last_error: r.get(5),
-            completed_at: r.get(6),
+    rows.iter()
+        .map(|r| {
+            Ok(FailedMessage {
+                delivery_id: DeliveryId(r.try_get(0)?),
+                event_id: EventId(r.try_get(1)?),
+                event_type: r.try_get(2)?,
+                endpoint_id: EndpointId(r.try_get(3)?),
+                attempt_count: r.try_get(4)?,
+                last_error: r.try_get(5)?,
+                completed_at: r.try_get(6)?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 

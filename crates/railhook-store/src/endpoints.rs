@@ -47,19 +47,19 @@ pub struct Endpoint {
 const ENDPOINT_COLUMNS: &str = "id, url, description, enabled, rate_limit_per_second, headers, created_at, updated_at, last_sequence,
     coalesce((SELECT o.cursor FROM endpoint_ordering o WHERE o.endpoint_id = id), 0)";
 
-fn endpoint_from(r: &Row) -> Endpoint {
-    Endpoint {
-        id: EndpointId(r.get(0)),
-        url: r.get(1),
-        description: r.get(2),
-        enabled: r.get(3),
-        rate_limit_per_second: r.get(4),
-        headers: r.get::<_, Json<EndpointHeaders>>(5).0,
-        created_at: r.get(6),
-        updated_at: r.get(7),
-        last_sequence: r.get(8),
-        ordering_cursor: r.get(9),
-    }
+fn endpoint_from(r: &Row) -> Result<Endpoint, StoreError> {
+    Ok(Endpoint {
+        id: EndpointId(r.try_get(0)?),
+        url: r.try_get(1)?,
+        description: r.try_get(2)?,
+        enabled: r.try_get(3)?,
+        rate_limit_per_second: r.try_get(4)?,
+        headers: r.try_get::<_, Json<EndpointHeaders>>(5)?.0,
+        created_at: r.try_get(6)?,
+        updated_at: r.try_get(7)?,
+        last_sequence: r.try_get(8)?,
+        ordering_cursor: r.try_get(9)?,
+    })
 }
 
 /// A validated Endpoint to create, with its first secret.
@@ -102,14 +102,14 @@ pub async fn create_endpoint(db: &impl GenericClient, project: ProjectId, new: N
             ],
         )
         .await?;
-    Ok(endpoint_from(&row))
+    endpoint_from(&row)
 }
 
 pub async fn get_endpoint(db: &impl GenericClient, project: ProjectId, id: EndpointId) -> Result<Option<Endpoint>, StoreError> {
     let row = db
         .query_opt(&format!("SELECT {ENDPOINT_COLUMNS} FROM endpoints WHERE id = $1 AND project_id = $2"), &[&id.0, &project.0])
         .await?;
-    Ok(row.as_ref().map(endpoint_from))
+    row.as_ref().map(endpoint_from).transpose()
 }
 
 /// The project's Endpoints in id (= creation) order after `after`; `limit` rows at most.
@@ -129,7 +129,7 @@ pub async fn list_endpoints(
             &[&project.0, &after.map(|a| a.0), &limit],
         )
         .await?;
-    Ok(rows.iter().map(endpoint_from).collect())
+    rows.iter().map(endpoint_from).collect()
 }
 
 /// A partial update: `None` leaves a column as it is.
@@ -168,12 +168,18 @@ pub async fn update_endpoint(
             &[&id.0, &project.0, &changes.url, &changes.description, &changes.enabled, &set_rate, &rate, &changes.headers.map(Json)],
         )
         .await?;
-    Ok(row.as_ref().map(endpoint_from))
+    row.as_ref().map(endpoint_from).transpose()
 }
 
-/// Deletes the Endpoint with its secrets, Subscriptions and Deliveries (the foreign keys
-/// cascade). `false` when it is not one of the project's.
+/// Deletes the Endpoint with its secrets, Subscriptions, circuit and Deliveries: disabled
+/// first, then its Deliveries in short batches, then the row (the foreign keys cascade to the
+/// rest); see [`crate::deletion`]. `false` when it is not one of the project's.
 pub async fn delete_endpoint(db: &impl GenericClient, project: ProjectId, id: EndpointId) -> Result<bool, StoreError> {
+    let found = db.execute("UPDATE endpoints SET enabled = false, updated_at = now() WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::ENDPOINT_DELIVERIES, &id.0).await?;
     let n = db.execute("DELETE FROM endpoints WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)
 }
@@ -214,8 +220,8 @@ pub async fn secrets(db: &impl GenericClient, project: ProjectId, id: EndpointId
     }
     let mut found = EndpointSecrets { current: None, previous: Vec::new() };
     for r in &rows {
-        let secret: Option<String> = r.get(0);
-        let expires_at: Option<DateTime<Utc>> = r.get(1);
+        let secret: Option<String> = r.try_get(0)?;
+        let expires_at: Option<DateTime<Utc>> = r.try_get(1)?;
         match (secret, expires_at) {
             (Some(secret), None) => found.current = Some(secret),
             (Some(secret), Some(expires_at)) => found.previous.push(PreviousSecret { secret, expires_at }),
@@ -274,5 +280,5 @@ pub async fn rotate_secret(
             &[&id.0, &new_secret, &grace],
         )
         .await?;
-    Ok(Some(Rotation { previous_expires_at: row.get(0) }))
+    Ok(Some(Rotation { previous_expires_at: row.try_get(0)? }))
 }

@@ -151,24 +151,23 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
         )
         .await?;
     let Some(first) = rows.first() else { return Ok(IngestOutcome::Unauthenticated) };
-    let project = ProjectId(first.get(0));
-    if let Some(now) = first.get::<_, Option<DateTime<Utc>>>(1) {
-        let deliveries = rows
-            .iter()
-            .filter_map(|r| {
-                let id: Option<uuid::Uuid> = r.get(2);
-                id.map(|id| DeliverySummary {
-                    id: DeliveryId(id),
-                    endpoint_id: EndpointId(r.get(3)),
-                    subscription_id: r.get::<_, Option<uuid::Uuid>>(4).map(SubscriptionId),
-                    status: DeliveryStatus::Pending,
-                    attempt_count: 0,
-                    sequence_number: r.get(5),
-                    next_retry_at: None,
-                    created_at: now,
-                })
-            })
-            .collect();
+    let project = ProjectId(first.try_get(0)?);
+    if let Some(now) = first.try_get::<_, Option<DateTime<Utc>>>(1)? {
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for r in &rows {
+            // The Event's row without a Delivery (LEFT JOIN): no Subscription matched.
+            let Some(id) = r.try_get::<_, Option<uuid::Uuid>>(2)? else { continue };
+            deliveries.push(DeliverySummary {
+                id: DeliveryId(id),
+                endpoint_id: EndpointId(r.try_get(3)?),
+                subscription_id: r.try_get::<_, Option<uuid::Uuid>>(4)?.map(SubscriptionId),
+                status: DeliveryStatus::Pending,
+                attempt_count: 0,
+                sequence_number: r.try_get(5)?,
+                next_retry_at: None,
+                created_at: now,
+            });
+        }
         return Ok(IngestOutcome::Created(Event {
             id,
             event_type: new.event_type.to_string(),
@@ -186,17 +185,17 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
         )
         .await?
         .ok_or_else(|| StoreError::Misconfigured("ingest inserted nothing and found no event for its key".into()))?;
-    let hash: Option<Vec<u8>> = row.get(3);
+    let hash: Option<Vec<u8>> = row.try_get(3)?;
     if hash.as_deref() != Some(new.request_sha256.as_slice()) {
         return Ok(IngestOutcome::KeyReused);
     }
-    let event_id = EventId(row.get(0));
+    let event_id = EventId(row.try_get(0)?);
     let deliveries = deliveries_of(db, project, event_id).await?;
     Ok(IngestOutcome::Replayed(Event {
         id: event_id,
-        event_type: row.get(1),
+        event_type: row.try_get(1)?,
         payload: None,
-        created_at: row.get(2),
+        created_at: row.try_get(2)?,
         deliveries: Some(deliveries),
     }))
 }
@@ -211,16 +210,16 @@ pub async fn deliveries_of<C: GenericClient + Sync>(db: &C, project: ProjectId, 
         .await?;
     rows.iter()
         .map(|r| {
-            let status: String = r.get(3);
+            let status: String = r.try_get(3)?;
             Ok(DeliverySummary {
-                id: DeliveryId(r.get(0)),
-                endpoint_id: EndpointId(r.get(1)),
-                subscription_id: r.get::<_, Option<uuid::Uuid>>(2).map(SubscriptionId),
+                id: DeliveryId(r.try_get(0)?),
+                endpoint_id: EndpointId(r.try_get(1)?),
+                subscription_id: r.try_get::<_, Option<uuid::Uuid>>(2)?.map(SubscriptionId),
                 status: status.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
-                attempt_count: r.get(4),
-                sequence_number: r.get(5),
-                next_retry_at: r.get(6),
-                created_at: r.get(7),
+                attempt_count: r.try_get(4)?,
+                sequence_number: r.try_get(5)?,
+                next_retry_at: r.try_get(6)?,
+                created_at: r.try_get(7)?,
             })
         })
         .collect()
@@ -239,9 +238,9 @@ pub async fn get_event<C: GenericClient + Sync>(db: &C, project: ProjectId, id: 
     let deliveries = deliveries_of(db, project, id).await?;
     Ok(Some(Event {
         id,
-        event_type: row.get(0),
-        payload: Some(row.get::<_, Json<serde_json::Value>>(1).0),
-        created_at: row.get(2),
+        event_type: row.try_get(0)?,
+        payload: Some(row.try_get::<_, Json<serde_json::Value>>(1)?.0),
+        created_at: row.try_get(2)?,
         deliveries: Some(deliveries),
     }))
 }
@@ -268,14 +267,15 @@ pub async fn list_events<C: GenericClient + Sync>(db: &C, project: ProjectId, f:
             &[&project.0, &f.event_type, &f.from, &f.to, &f.after.map(|a| a.0), &f.limit],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Event {
-            id: EventId(r.get(0)),
-            event_type: r.get(1),
-            payload: Some(r.get::<_, Json<serde_json::Value>>(2).0),
-            created_at: r.get(3),
-            deliveries: None,
+    rows.iter()
+        .map(|r| {
+            Ok(Event {
+                id: EventId(r.try_get(0)?),
+                event_type: r.try_get(1)?,
+                payload: Some(r.try_get::<_, Json<serde_json::Value>>(2)?.0),
+                created_at: r.try_get(3)?,
+                deliveries: None,
+            })
         })
-        .collect())
+        .collect()
 }

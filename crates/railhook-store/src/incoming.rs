@@ -132,11 +132,14 @@ pub async fn receive<C: deadpool_postgres::GenericClient + Sync>(db: &C, new: Ne
         )
         .await?;
     if let Some(first) = rows.first() {
-        let forwards = rows
-            .iter()
-            .filter_map(|r| r.get::<_, Option<uuid::Uuid>>(1).map(|f| (ForwardId(f), DestinationId(r.get(2)))))
-            .collect();
-        return Ok(Received::Stored { id, received_at: first.get(0), forwards });
+        let mut forwards = Vec::with_capacity(rows.len());
+        for r in &rows {
+            // The Incoming Event's row without a Forward (LEFT JOIN): no enabled Destination.
+            if let Some(f) = r.try_get::<_, Option<uuid::Uuid>>(1)? {
+                forwards.push((ForwardId(f), DestinationId(r.try_get(2)?)));
+            }
+        }
+        return Ok(Received::Stored { id, received_at: first.try_get(0)?, forwards });
     }
     // No row: the provider event id exists (the insert waited for its writer to commit).
     let row = db
@@ -146,7 +149,7 @@ pub async fn receive<C: deadpool_postgres::GenericClient + Sync>(db: &C, new: Ne
         )
         .await?
         .ok_or_else(|| StoreError::Misconfigured("the ingress inserted nothing and found no incoming event for its provider event id".into()))?;
-    Ok(Received::Duplicate { id: IncomingEventId(row.get(0)), received_at: row.get(1) })
+    Ok(Received::Duplicate { id: IncomingEventId(row.try_get(0)?), received_at: row.try_get(1)? })
 }
 
 /// An Incoming Event as listed: what arrived, without the body.
@@ -164,17 +167,17 @@ pub struct IncomingEventSummary {
 
 const SUMMARY_COLUMNS: &str = "i.id, i.source_id, i.provider_event_id, i.method, i.content_type, i.body_sha256, octet_length(i.body), i.received_at";
 
-fn summary_from(r: &Row) -> IncomingEventSummary {
-    IncomingEventSummary {
-        id: IncomingEventId(r.get(0)),
-        source_id: SourceId(r.get(1)),
-        provider_event_id: r.get(2),
-        method: r.get(3),
-        content_type: r.get(4),
-        body_sha256: r.get(5),
-        body_size: r.get(6),
-        received_at: r.get(7),
-    }
+fn summary_from(r: &Row) -> Result<IncomingEventSummary, StoreError> {
+    Ok(IncomingEventSummary {
+        id: IncomingEventId(r.try_get(0)?),
+        source_id: SourceId(r.try_get(1)?),
+        provider_event_id: r.try_get(2)?,
+        method: r.try_get(3)?,
+        content_type: r.try_get(4)?,
+        body_sha256: r.try_get(5)?,
+        body_size: r.try_get(6)?,
+        received_at: r.try_get(7)?,
+    })
 }
 
 /// An Incoming Event with the request as it arrived and its Forwards.
@@ -237,8 +240,8 @@ pub async fn get_incoming_event(db: &impl tokio_postgres::GenericClient, project
         return Ok(None);
     };
     // A row written around the ingress (e.g. `{}`) has no header list: shown as none.
-    let headers = serde_json::from_value(row.get::<_, Json<serde_json::Value>>(8).0).unwrap_or_default();
-    let body = row.get(9);
+    let headers = serde_json::from_value(row.try_get::<_, Json<serde_json::Value>>(8)?.0).unwrap_or_default();
+    let body = row.try_get(9)?;
     let rows = db
         .query(
             "SELECT f.id, f.destination_id, f.status::text, f.attempt_count, f.max_attempts, f.next_retry_at, f.last_error,
@@ -253,38 +256,38 @@ pub async fn get_incoming_event(db: &impl tokio_postgres::GenericClient, project
         .await?;
     let mut forwards: Vec<Forward> = Vec::new();
     for r in &rows {
-        let forward_id = ForwardId(r.get(0));
+        let forward_id = ForwardId(r.try_get(0)?);
         if forwards.last().is_none_or(|f| f.id != forward_id) {
             forwards.push(Forward {
                 id: forward_id,
-                destination_id: DestinationId(r.get(1)),
-                status: status_from(r.get(2))?,
-                attempt_count: r.get(3),
-                max_attempts: r.get(4),
-                next_retry_at: r.get(5),
-                last_error: r.get(6),
-                created_at: r.get(7),
-                completed_at: r.get(8),
+                destination_id: DestinationId(r.try_get(1)?),
+                status: status_from(r.try_get(2)?)?,
+                attempt_count: r.try_get(3)?,
+                max_attempts: r.try_get(4)?,
+                next_retry_at: r.try_get(5)?,
+                last_error: r.try_get(6)?,
+                created_at: r.try_get(7)?,
+                completed_at: r.try_get(8)?,
                 attempts: Vec::new(),
             });
         }
-        if let (Some(attempt), Some(forward)) = (r.get::<_, Option<uuid::Uuid>>(9), forwards.last_mut()) {
+        if let (Some(attempt), Some(forward)) = (r.try_get::<_, Option<uuid::Uuid>>(9)?, forwards.last_mut()) {
             forward.attempts.push(ForwardAttempt {
                 id: AttemptId(attempt),
-                attempt_number: r.get(10),
-                started_at: r.get(11),
-                duration_ms: r.get(12),
-                status_code: r.get(13),
-                result: r.get(14),
-                error_message: r.get(15),
-                response_body: r.get(16),
-                response_truncated: r.get(17),
-                request_headers: r.get::<_, Option<Json<serde_json::Value>>>(18).map(|j| j.0),
-                response_headers: r.get::<_, Option<Json<serde_json::Value>>>(19).map(|j| j.0),
+                attempt_number: r.try_get(10)?,
+                started_at: r.try_get(11)?,
+                duration_ms: r.try_get(12)?,
+                status_code: r.try_get(13)?,
+                result: r.try_get(14)?,
+                error_message: r.try_get(15)?,
+                response_body: r.try_get(16)?,
+                response_truncated: r.try_get(17)?,
+                request_headers: r.try_get::<_, Option<Json<serde_json::Value>>>(18)?.map(|j| j.0),
+                response_headers: r.try_get::<_, Option<Json<serde_json::Value>>>(19)?.map(|j| j.0),
             });
         }
     }
-    Ok(Some(IncomingEvent { summary: summary_from(&row), headers, body, forwards }))
+    Ok(Some(IncomingEvent { summary: summary_from(&row)?, headers, body, forwards }))
 }
 
 #[derive(Debug, Default)]
@@ -326,7 +329,7 @@ pub async fn list_incoming_events(
             ],
         )
         .await?;
-    Ok(rows.iter().map(summary_from).collect())
+    rows.iter().map(summary_from).collect()
 }
 
 /// Everything an Attempt of a Forward needs: the Forward's ladder state, where and how to send
@@ -372,21 +375,21 @@ pub async fn forward_to_send<C: deadpool_postgres::GenericClient + Sync>(db: &C,
     let destination = destination_from(&r, 0)?;
     let at = 8;
     Ok(Some(ForwardToSend {
-        id: ForwardId(r.get(at)),
-        project_id: ProjectId(r.get(at + 1)),
-        status: status_from(r.get(at + 2))?,
-        attempt_count: r.get(at + 3),
-        max_attempts: r.get(at + 4),
-        retry_delays: r.get(at + 5),
-        timeout_seconds: r.get(at + 6),
-        ladder_started_at: r.get(at + 7),
+        id: ForwardId(r.try_get(at)?),
+        project_id: ProjectId(r.try_get(at + 1)?),
+        status: status_from(r.try_get(at + 2)?)?,
+        attempt_count: r.try_get(at + 3)?,
+        max_attempts: r.try_get(at + 4)?,
+        retry_delays: r.try_get(at + 5)?,
+        timeout_seconds: r.try_get(at + 6)?,
+        ladder_started_at: r.try_get(at + 7)?,
         destination,
-        incoming_event_id: IncomingEventId(r.get(at + 8)),
-        provider_event_id: r.get(at + 9),
-        method: r.get(at + 10),
-        headers: serde_json::from_value(r.get::<_, Json<serde_json::Value>>(at + 11).0).unwrap_or_default(),
-        body: r.get(at + 12),
-        content_type: r.get(at + 13),
-        received_at: r.get(at + 14),
+        incoming_event_id: IncomingEventId(r.try_get(at + 8)?),
+        provider_event_id: r.try_get(at + 9)?,
+        method: r.try_get(at + 10)?,
+        headers: serde_json::from_value(r.try_get::<_, Json<serde_json::Value>>(at + 11)?.0).unwrap_or_default(),
+        body: r.try_get(at + 12)?,
+        content_type: r.try_get(at + 13)?,
+        received_at: r.try_get(at + 14)?,
     }))
 }

@@ -2,6 +2,7 @@
 
 pub mod attempts;
 pub mod connection;
+pub mod deletion;
 pub mod deliveries;
 pub mod endpoints;
 pub mod error;

@@ -114,7 +114,7 @@ impl Migrator {
 
     async fn run_locked(&self, client: &mut Client) -> Result<MigrationReport, StoreError> {
         let rows = client.query("SELECT version, name, checksum FROM railhook_migrations ORDER BY version", &[]).await?;
-        let applied: Vec<(i32, String, String)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        let applied: Vec<(i32, String, String)> = rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))).collect::<Result<_, tokio_postgres::Error>>()?;
 
         for (version, name, _) in &applied {
             if !self.migrations.iter().any(|m| m.version == *version) {
@@ -162,7 +162,8 @@ impl Migrator {
             let recorded: Option<String> = client
                 .query_opt("SELECT checksum FROM railhook_repeatables WHERE name = $1", &[&repeatable.name])
                 .await?
-                .map(|r| r.get(0));
+                .map(|r| r.try_get(0))
+                .transpose()?;
             if recorded.as_deref() == Some(checksum.as_str()) {
                 continue;
             }

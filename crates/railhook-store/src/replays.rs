@@ -88,19 +88,19 @@ const COLUMNS: &str = "id, state, range_from, range_to, event_types, endpoint_id
 
 fn replay_from(r: &Row) -> Result<Replay, StoreError> {
     Ok(Replay {
-        id: ReplayId(r.get(0)),
-        state: ReplayState::parse(r.get(1))?,
-        from: r.get(2),
-        to: r.get(3),
-        event_types: r.get(4),
-        endpoint_ids: r.get::<_, Option<Vec<Uuid>>>(5).map(|v| v.into_iter().map(EndpointId).collect()),
-        total: r.get(6),
-        total_capped: r.get(7),
-        made: r.get(8),
-        events_done: r.get(9),
-        created_at: r.get(10),
-        updated_at: r.get(11),
-        finished_at: r.get(12),
+        id: ReplayId(r.try_get(0)?),
+        state: ReplayState::parse(r.try_get(1)?)?,
+        from: r.try_get(2)?,
+        to: r.try_get(3)?,
+        event_types: r.try_get(4)?,
+        endpoint_ids: r.try_get::<_, Option<Vec<Uuid>>>(5)?.map(|v| v.into_iter().map(EndpointId).collect()),
+        total: r.try_get(6)?,
+        total_capped: r.try_get(7)?,
+        made: r.try_get(8)?,
+        events_done: r.try_get(9)?,
+        created_at: r.try_get(10)?,
+        updated_at: r.try_get(11)?,
+        finished_at: r.try_get(12)?,
     })
 }
 
@@ -141,13 +141,13 @@ async fn candidates<C: GenericClient + Sync>(db: &C, project: ProjectId, endpoin
             &[&project, &endpoints],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let pattern = EventTypePattern::parse(r.get(2)).ok()?;
-            Some(Candidate { endpoint: EndpointId(r.get(0)), subscription: SubscriptionId(r.get(1)), pattern })
-        })
-        .collect())
+    let mut candidates = Vec::with_capacity(rows.len());
+    for r in &rows {
+        // A pattern stored before its rules changed, no longer valid: it matches nothing.
+        let Ok(pattern) = EventTypePattern::parse(r.try_get(2)?) else { continue };
+        candidates.push(Candidate { endpoint: EndpointId(r.try_get(0)?), subscription: SubscriptionId(r.try_get(1)?), pattern });
+    }
+    Ok(candidates)
 }
 
 /// Per chosen Endpoint, the first Subscription matching `t` (candidates are grouped by
@@ -213,7 +213,7 @@ pub async fn count_upto<C: GenericClient + Sync>(db: &C, project: ProjectId, fil
     let mut types = Vec::new();
     let mut weights = Vec::new();
     for row in db.query(TYPES_SQL, &[&project, &MAX_TYPES]).await? {
-        let Ok(t) = EventType::parse(row.get(0)) else { continue };
+        let Ok(t) = EventType::parse(row.try_get(0)?) else { continue };
         let n = if filter.wants(&t) { targets_of(&t, &candidates).count() as i32 } else { 0 };
         if n > 0 {
             types.push(t.as_str().to_string());
@@ -224,8 +224,8 @@ pub async fn count_upto<C: GenericClient + Sync>(db: &C, project: ProjectId, fil
         return Ok(ReplayCount { deliveries: 0, events: 0, capped: false });
     }
     let row = db.query_one(COUNT_SQL, &[&project, &types, &weights, &filter.from, &filter.to, &cap]).await?;
-    let events: i64 = row.get(0);
-    Ok(ReplayCount { deliveries: row.get(1), events, capped: events >= cap })
+    let events: i64 = row.try_get(0)?;
+    Ok(ReplayCount { deliveries: row.try_get(1)?, events, capped: events >= cap })
 }
 
 // ---- Create, read, cancel ---------------------------------------------------------------
@@ -260,13 +260,13 @@ pub async fn create<C: GenericClient + Sync>(db: &C, project: ProjectId, filter:
 /// The project's running Replay, if any (checked before the count, which costs more).
 pub async fn running<C: GenericClient + Sync>(db: &C, project: ProjectId) -> Result<Option<ReplayId>, StoreError> {
     let row = db.query_opt("SELECT id FROM replays WHERE project_id = $1 AND state = 'running'", &[&project]).await?;
-    Ok(row.map(|r| ReplayId(r.get(0))))
+    row.map(|r| Ok(ReplayId(r.try_get(0)?))).transpose()
 }
 
 /// The given Endpoint ids that are not Endpoints of `project`.
 pub async fn unknown_endpoints<C: GenericClient + Sync>(db: &C, project: ProjectId, ids: &[EndpointId]) -> Result<Vec<EndpointId>, StoreError> {
     let rows = db.query("SELECT id FROM endpoints WHERE project_id = $1 AND id = ANY($2)", &[&project, &ids]).await?;
-    let known: Vec<EndpointId> = rows.iter().map(|r| EndpointId(r.get(0))).collect();
+    let known: Vec<EndpointId> = rows.iter().map(|r| Ok(EndpointId(r.try_get(0)?))).collect::<Result<_, StoreError>>()?;
     Ok(ids.iter().filter(|id| !known.contains(id)).copied().collect())
 }
 
@@ -328,19 +328,19 @@ const PICK_SQL: &str = "
 SELECT id, project_id, range_from, range_to, event_types, endpoint_ids, cursor_created_at, cursor_event_id
 FROM replays WHERE state = 'running' ORDER BY updated_at LIMIT 1 FOR UPDATE SKIP LOCKED";
 
-fn running_from(r: &Row) -> Running {
-    let types: Option<Vec<String>> = r.get(4);
-    Running {
-        id: ReplayId(r.get(0)),
-        project: ProjectId(r.get(1)),
+fn running_from(r: &Row) -> Result<Running, StoreError> {
+    let types: Option<Vec<String>> = r.try_get(4)?;
+    Ok(Running {
+        id: ReplayId(r.try_get(0)?),
+        project: ProjectId(r.try_get(1)?),
         filter: ReplayFilter {
-            from: r.get(2),
-            to: r.get(3),
+            from: r.try_get(2)?,
+            to: r.try_get(3)?,
             event_types: types.map(|ts| ts.iter().filter_map(|t| EventTypePattern::parse(t).ok()).collect()),
-            endpoint_ids: r.get::<_, Option<Vec<Uuid>>>(5).map(|v| v.into_iter().map(EndpointId).collect()),
+            endpoint_ids: r.try_get::<_, Option<Vec<Uuid>>>(5)?.map(|v| v.into_iter().map(EndpointId).collect()),
         },
-        cursor: (r.get(6), r.get(7)),
-    }
+        cursor: (r.try_get(6)?, r.try_get(7)?),
+    })
 }
 
 const EVENTS_SQL: &str = "
@@ -389,24 +389,27 @@ pub async fn run_batch(client: &mut deadpool_postgres::Client, batch: i64) -> Re
 /// Replays together make at most `max_per_second` Deliveries a second across every process.
 pub async fn step(client: &mut deadpool_postgres::Client, batch: i64, max_per_second: Option<f64>) -> Result<Step, StoreError> {
     let tx = client.transaction().await?;
-    let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::REPLAY.key]).await?.get(0);
+    let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::REPLAY.key]).await?.try_get(0)?;
     if !locked {
         return Ok(Step::Idle);
     }
     if max_per_second.is_some() {
-        let wait: f64 = tx.query_one(PACE_SQL, &[]).await?.get(0);
+        let wait: f64 = tx.query_one(PACE_SQL, &[]).await?.try_get(0)?;
         if wait > 0.0 {
             return Ok(Step::NotBefore(std::time::Duration::from_secs_f64(wait)));
         }
     }
     let Some(row) = tx.query_opt(PICK_SQL, &[]).await? else { return Ok(Step::Idle) };
-    let r = running_from(&row);
+    let r = running_from(&row)?;
     let events = tx.query(EVENTS_SQL, &[&r.project, &r.cursor.0, &r.cursor.1, &r.filter.to, &batch]).await?;
     let candidates = candidates(&tx, r.project, r.filter.endpoint_ids.as_deref()).await?;
-    let targets = batch_targets(&events, &r.filter, &candidates);
+    let targets = batch_targets(&events, &r.filter, &candidates)?;
     let made = insert_batch(&tx, r.id, r.project, &targets).await?;
     let finished = (events.len() as i64) < batch;
-    let cursor = events.last().map(|e| (e.get::<_, DateTime<Utc>>(2), e.get::<_, Uuid>(0))).unwrap_or(r.cursor);
+    let cursor = match events.last() {
+        Some(e) => (e.try_get::<_, DateTime<Utc>>(2)?, e.try_get::<_, Uuid>(0)?),
+        None => r.cursor,
+    };
     tx.execute(ADVANCE_SQL, &[&r.id, &cursor.0, &cursor.1, &(made as i64), &(events.len() as i64), &finished]).await?;
     if let Some(rate) = max_per_second {
         tx.execute(PACE_ADVANCE_SQL, &[&(made as f64 / rate.max(0.001))]).await?;
@@ -416,17 +419,17 @@ pub async fn step(client: &mut deadpool_postgres::Client, batch: i64, max_per_se
 }
 
 /// The batch's Deliveries, in Event order.
-fn batch_targets(events: &[Row], filter: &ReplayFilter, candidates: &[Candidate]) -> Vec<ReplayTarget> {
+fn batch_targets(events: &[Row], filter: &ReplayFilter, candidates: &[Candidate]) -> Result<Vec<ReplayTarget>, StoreError> {
     let mut by_type: HashMap<String, Vec<(EndpointId, SubscriptionId)>> = HashMap::new();
     let mut targets = Vec::new();
     for e in events {
-        let raw: &str = e.get(1);
+        let raw: &str = e.try_get(1)?;
         let matched = by_type.entry(raw.to_string()).or_insert_with(|| match EventType::parse(raw) {
             Ok(t) if filter.wants(&t) => targets_of(&t, candidates).collect(),
             _ => Vec::new(),
         });
-        let event = EventId(e.get(0));
+        let event = EventId(e.try_get(0)?);
         targets.extend(matched.iter().map(|&(endpoint, subscription)| ReplayTarget { event, endpoint, subscription }));
     }
-    targets
+    Ok(targets)
 }

@@ -77,22 +77,21 @@ pub fn days(d: f64) -> Duration {
 
 /// The database's `now()`: every cutoff of a run is taken from it, not from this host.
 pub async fn now<C: GenericClient + Sync>(db: &C) -> Result<DateTime<Utc>, StoreError> {
-    Ok(db.query_one("SELECT now()", &[]).await?.get(0))
+    Ok(db.query_one("SELECT now()", &[]).await?.try_get(0)?)
 }
 
 /// Every Project with its periods: an override where set, else `defaults`.
 pub async fn projects<C: GenericClient + Sync>(db: &C, defaults: Periods) -> Result<Vec<(ProjectId, Periods)>, StoreError> {
     let rows = db.query("SELECT id, retention_events_days, retention_failed_days FROM projects ORDER BY id", &[]).await?;
-    Ok(rows
-        .iter()
+    rows.iter()
         .map(|r| {
             let periods = Periods {
-                events_days: r.get::<_, Option<f64>>(1).unwrap_or(defaults.events_days),
-                failed_days: r.get::<_, Option<f64>>(2).unwrap_or(defaults.failed_days),
+                events_days: r.try_get::<_, Option<f64>>(1)?.unwrap_or(defaults.events_days),
+                failed_days: r.try_get::<_, Option<f64>>(2)?.unwrap_or(defaults.failed_days),
             };
-            (ProjectId(r.get(0)), periods)
+            Ok((ProjectId(r.try_get(0)?), periods))
         })
-        .collect())
+        .collect()
 }
 
 /// A Project's own periods (`projects.retention_events_days`, `projects.retention_failed_days`,
@@ -113,7 +112,7 @@ pub async fn overrides<C: GenericClient + Sync>(db: &C, project: ProjectId, for_
         "SELECT retention_events_days, retention_failed_days FROM projects WHERE id = $1"
     };
     let row = db.query_opt(sql, &[&project]).await?;
-    Ok(row.map(|r| Overrides { events_days: r.get(0), failed_days: r.get(1) }))
+    row.map(|r| Ok(Overrides { events_days: r.try_get(0)?, failed_days: r.try_get(1)? })).transpose()
 }
 
 /// Sets (or with `None` clears) a Project's overrides; false when there is no such Project.
@@ -193,8 +192,8 @@ pub async fn delete_events_batch<C: GenericClient + Sync>(
     attempts: bool,
 ) -> Result<(Deleted, Option<EventCursor>), StoreError> {
     let r = db.query_one(EVENTS_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after.0, &after.1, &limit, &attempts]).await?;
-    let deleted = Deleted { examined: r.get::<_, i64>(0) as u64, parents: r.get::<_, i64>(1) as u64, children: r.get::<_, i64>(2) as u64, attempts: r.get::<_, i64>(3) as u64 };
-    let next = match (r.get::<_, Option<DateTime<Utc>>>(4), r.get::<_, Option<Uuid>>(5)) {
+    let deleted = Deleted { examined: r.try_get::<_, i64>(0)? as u64, parents: r.try_get::<_, i64>(1)? as u64, children: r.try_get::<_, i64>(2)? as u64, attempts: r.try_get::<_, i64>(3)? as u64 };
+    let next = match (r.try_get::<_, Option<DateTime<Utc>>>(4)?, r.try_get::<_, Option<Uuid>>(5)?) {
         (Some(t), Some(id)) => Some((t, id)),
         _ => None,
     };
@@ -246,8 +245,8 @@ pub async fn delete_incoming_batch<C: GenericClient + Sync>(
 ) -> Result<(Deleted, Option<Uuid>), StoreError> {
     let bound = first_id_at(cutoffs.events);
     let r = db.query_one(INCOMING_SQL, &[&project, &cutoffs.events, &cutoffs.failed, &after, &bound, &limit, &attempts]).await?;
-    let deleted = Deleted { examined: r.get::<_, i64>(0) as u64, parents: r.get::<_, i64>(1) as u64, children: r.get::<_, i64>(2) as u64, attempts: r.get::<_, i64>(3) as u64 };
-    Ok((deleted, r.get(4)))
+    let deleted = Deleted { examined: r.try_get::<_, i64>(0)? as u64, parents: r.try_get::<_, i64>(1)? as u64, children: r.try_get::<_, i64>(2)? as u64, attempts: r.try_get::<_, i64>(3)? as u64 };
+    Ok((deleted, r.try_get(4)?))
 }
 
 /// Finished Replays (completed or cancelled before `cutoff`) none of whose Deliveries is
@@ -268,12 +267,12 @@ pub async fn delete_replays<C: GenericClient + Sync>(db: &C, cutoff: DateTime<Ut
 /// Takes [`crate::locks::RETENTION`] at session level without waiting: true if this
 /// connection now holds it. Release it with [`unlock`] (or by closing the connection).
 pub async fn try_lock<C: GenericClient + Sync>(db: &C) -> Result<bool, StoreError> {
-    Ok(db.query_one("SELECT pg_try_advisory_lock($1)", &[&crate::locks::RETENTION.key]).await?.get(0))
+    Ok(db.query_one("SELECT pg_try_advisory_lock($1)", &[&crate::locks::RETENTION.key]).await?.try_get(0)?)
 }
 
 /// Releases what [`try_lock`] took; false if this connection did not hold it.
 pub async fn unlock<C: GenericClient + Sync>(db: &C) -> Result<bool, StoreError> {
-    Ok(db.query_one("SELECT pg_advisory_unlock($1)", &[&crate::locks::RETENTION.key]).await?.get(0))
+    Ok(db.query_one("SELECT pg_advisory_unlock($1)", &[&crate::locks::RETENTION.key]).await?.try_get(0)?)
 }
 
 #[cfg(test)]

@@ -26,11 +26,11 @@ pub async fn server_facts(client: &Client) -> Result<ServerFacts, StoreError> {
         )
         .await?;
     Ok(ServerFacts {
-        server_version_num: row.get(0),
-        wal_level: row.get(1),
-        max_replication_slots: row.get(2),
-        max_wal_senders: row.get(3),
-        max_slot_wal_keep_size_mb: row.get(4),
+        server_version_num: row.try_get(0)?,
+        wal_level: row.try_get(1)?,
+        max_replication_slots: row.try_get(2)?,
+        max_wal_senders: row.try_get(3)?,
+        max_slot_wal_keep_size_mb: row.try_get(4)?,
     })
 }
 

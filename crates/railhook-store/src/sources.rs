@@ -55,18 +55,18 @@ pub struct Source {
 
 const SOURCE_COLUMNS: &str = "id, name, provider, config, ingress_token, enabled, rate_limit_per_second, created_at, updated_at";
 
-fn source_from(r: &Row) -> Source {
-    Source {
-        id: SourceId(r.get(0)),
-        name: r.get(1),
-        provider: r.get(2),
-        config: r.get::<_, Option<Json<serde_json::Value>>>(3).map(|j| j.0),
-        ingress_token: r.get(4),
-        enabled: r.get(5),
-        rate_limit_per_second: r.get(6),
-        created_at: r.get(7),
-        updated_at: r.get(8),
-    }
+fn source_from(r: &Row) -> Result<Source, StoreError> {
+    Ok(Source {
+        id: SourceId(r.try_get(0)?),
+        name: r.try_get(1)?,
+        provider: r.try_get(2)?,
+        config: r.try_get::<_, Option<Json<serde_json::Value>>>(3)?.map(|j| j.0),
+        ingress_token: r.try_get(4)?,
+        enabled: r.try_get(5)?,
+        rate_limit_per_second: r.try_get(6)?,
+        created_at: r.try_get(7)?,
+        updated_at: r.try_get(8)?,
+    })
 }
 
 /// A validated Source to create.
@@ -93,14 +93,14 @@ pub async fn create_source(db: &impl GenericClient, project: ProjectId, new: New
             &[&id.0, &project.0, &new.name, &new.provider, &new.config.map(Json), &new.secret, &token, &new.enabled, &new.rate_limit_per_second],
         )
         .await?;
-    Ok(source_from(&row))
+    source_from(&row)
 }
 
 pub async fn get_source(db: &impl GenericClient, project: ProjectId, id: SourceId) -> Result<Option<Source>, StoreError> {
     let row = db
         .query_opt(&format!("SELECT {SOURCE_COLUMNS} FROM sources WHERE id = $1 AND project_id = $2"), &[&id.0, &project.0])
         .await?;
-    Ok(row.as_ref().map(source_from))
+    row.as_ref().map(source_from).transpose()
 }
 
 /// The project's Sources in id (= creation) order after `after`; `limit` rows at most.
@@ -115,7 +115,7 @@ pub async fn list_sources(db: &impl GenericClient, project: ProjectId, after: Op
             &[&project.0, &after.map(|a| a.0), &limit],
         )
         .await?;
-    Ok(rows.iter().map(source_from).collect())
+    rows.iter().map(source_from).collect()
 }
 
 /// A partial update: `None` leaves a column as it is. The provider never changes (its
@@ -149,12 +149,20 @@ pub async fn update_source(db: &impl GenericClient, project: ProjectId, id: Sour
             &[&id.0, &project.0, &changes.name, &changes.config.map(Json), &changes.enabled, &set_rate, &rate],
         )
         .await?;
-    Ok(row.as_ref().map(source_from))
+    row.as_ref().map(source_from).transpose()
 }
 
-/// Deletes the Source with its secrets, Destinations, Incoming Events and Forwards (the
-/// foreign keys cascade). `false` when it is not one of the project's.
+/// Deletes the Source with its secrets, Destinations, Incoming Events and Forwards: disabled
+/// first (the ingress refuses it), then its Forwards and Incoming Events in short batches,
+/// then the row (the foreign keys cascade to the rest); see [`crate::deletion`]. `false` when
+/// it is not one of the project's.
 pub async fn delete_source(db: &impl GenericClient, project: ProjectId, id: SourceId) -> Result<bool, StoreError> {
+    let found = db.execute("UPDATE sources SET enabled = false, updated_at = now() WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::SOURCE_FORWARDS, &id.0).await?;
+    crate::deletion::in_batches(db, crate::deletion::SOURCE_INCOMING_EVENTS, &id.0).await?;
     let n = db.execute("DELETE FROM sources WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)
 }
@@ -163,7 +171,7 @@ pub async fn delete_source(db: &impl GenericClient, project: ProjectId, id: Sour
 /// `None` when the Source is not one of the project's.
 pub async fn provider_of(db: &impl GenericClient, project: ProjectId, id: SourceId) -> Result<Option<(String, Option<serde_json::Value>)>, StoreError> {
     let row = db.query_opt("SELECT provider, config FROM sources WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
-    Ok(row.map(|r| (r.get(0), r.get::<_, Option<Json<serde_json::Value>>>(1).map(|j| j.0))))
+    row.map(|r| Ok((r.try_get(0)?, r.try_get::<_, Option<Json<serde_json::Value>>>(1)?.map(|j| j.0)))).transpose()
 }
 
 /// Makes `new_secret` current; the previous one keeps verifying for `overlap_seconds`.
@@ -201,7 +209,7 @@ pub async fn rotate_source_secret(
             &[&id.0, &project.0, &new_secret, &overlap],
         )
         .await?;
-    Ok(row.map(|r| r.get(0)))
+    row.map(|r| Ok(r.try_get(0)?)).transpose()
 }
 
 /// What the ingress needs of a Source, found by its token.
@@ -230,15 +238,15 @@ pub async fn source_for_ingress<C: deadpool_postgres::GenericClient + Sync>(db: 
         )
         .await?;
     let row = db.query_opt(&statement, &[&token]).await?;
-    Ok(row.map(|r| IngressSource {
-        id: SourceId(r.get(0)),
-        project_id: ProjectId(r.get(1)),
-        provider: r.get(2),
-        config: r.get::<_, Option<Json<serde_json::Value>>>(3).map(|j| j.0),
-        enabled: r.get(4),
-        rate_limit_per_second: r.get(5),
-        secrets: r.get(6),
-    }))
+    row.map(|r| Ok(IngressSource {
+        id: SourceId(r.try_get(0)?),
+        project_id: ProjectId(r.try_get(1)?),
+        provider: r.try_get(2)?,
+        config: r.try_get::<_, Option<Json<serde_json::Value>>>(3)?.map(|j| j.0),
+        enabled: r.try_get(4)?,
+        rate_limit_per_second: r.try_get(5)?,
+        secrets: r.try_get(6)?,
+    })).transpose()
 }
 
 /// How Railhook authenticates to a Destination, stored as `destinations.auth`.
@@ -276,17 +284,17 @@ pub(crate) const DESTINATION_COLUMNS: &str = "d.id, d.source_id, d.url, d.auth, 
 
 /// Reads [`DESTINATION_COLUMNS`] starting at column `at`.
 pub(crate) fn destination_from(r: &Row, at: usize) -> Result<Destination, StoreError> {
-    let auth: Json<serde_json::Value> = r.get(at + 3);
+    let auth: Json<serde_json::Value> = r.try_get(at + 3)?;
     let auth = serde_json::from_value(auth.0).map_err(|e| StoreError::Misconfigured(format!("destinations.auth does not parse: {e}")))?;
     Ok(Destination {
-        id: DestinationId(r.get(at)),
-        source_id: SourceId(r.get(at + 1)),
-        url: r.get(at + 2),
+        id: DestinationId(r.try_get(at)?),
+        source_id: SourceId(r.try_get(at + 1)?),
+        url: r.try_get(at + 2)?,
         auth,
-        enabled: r.get(at + 4),
-        rate_limit_per_second: r.get(at + 5),
-        created_at: r.get(at + 6),
-        updated_at: r.get(at + 7),
+        enabled: r.try_get(at + 4)?,
+        rate_limit_per_second: r.try_get(at + 5)?,
+        created_at: r.try_get(at + 6)?,
+        updated_at: r.try_get(at + 7)?,
     })
 }
 
@@ -355,11 +363,13 @@ pub async fn list_destinations(
     if rows.is_empty() {
         return Ok(None);
     }
-    let found = rows
-        .iter()
-        .filter(|r| r.get::<_, Option<uuid::Uuid>>(0).is_some())
-        .map(|r| destination_from(r, 0))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut found = Vec::with_capacity(rows.len());
+    for r in &rows {
+        // The Source's row without a Destination (LEFT JOIN): none on this page.
+        if r.try_get::<_, Option<uuid::Uuid>>(0)?.is_some() {
+            found.push(destination_from(r, 0)?);
+        }
+    }
     Ok(Some(found))
 }
 
@@ -399,9 +409,20 @@ pub async fn update_destination(
     row.map(|r| destination_from(&r, 0)).transpose()
 }
 
-/// Deletes the Destination and its Forwards. `false` when it is not the Source's (or the
-/// Source not the project's).
+/// Deletes the Destination with its circuit and Forwards: disabled first, then its Forwards
+/// in short batches, then the row; see [`crate::deletion`]. `false` when it is not the
+/// Source's (or the Source not the project's).
 pub async fn delete_destination(db: &impl GenericClient, project: ProjectId, source: SourceId, id: DestinationId) -> Result<bool, StoreError> {
+    let found = db
+        .execute(
+            "UPDATE destinations SET enabled = false, updated_at = now() WHERE id = $1 AND source_id = $2 AND project_id = $3",
+            &[&id.0, &source.0, &project.0],
+        )
+        .await?;
+    if found == 0 {
+        return Ok(false);
+    }
+    crate::deletion::in_batches(db, crate::deletion::DESTINATION_FORWARDS, &id.0).await?;
     let n = db
         .execute("DELETE FROM destinations WHERE id = $1 AND source_id = $2 AND project_id = $3", &[&id.0, &source.0, &project.0])
         .await?;

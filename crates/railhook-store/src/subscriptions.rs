@@ -40,19 +40,19 @@ pub struct Subscription {
 const SUBSCRIPTION_COLUMNS: &str =
     "id, endpoint_id, event_type_pattern, ordering, max_attempts, timeout_seconds, retry_delays, enabled, created_at, updated_at";
 
-fn subscription_from(r: &Row) -> Subscription {
-    Subscription {
-        id: SubscriptionId(r.get(0)),
-        endpoint_id: EndpointId(r.get(1)),
-        event_type: r.get(2),
-        ordering: r.get(3),
-        max_attempts: r.get(4),
-        timeout_seconds: r.get(5),
-        retry_delays: r.get(6),
-        enabled: r.get(7),
-        created_at: r.get(8),
-        updated_at: r.get(9),
-    }
+fn subscription_from(r: &Row) -> Result<Subscription, StoreError> {
+    Ok(Subscription {
+        id: SubscriptionId(r.try_get(0)?),
+        endpoint_id: EndpointId(r.try_get(1)?),
+        event_type: r.try_get(2)?,
+        ordering: r.try_get(3)?,
+        max_attempts: r.try_get(4)?,
+        timeout_seconds: r.try_get(5)?,
+        retry_delays: r.try_get(6)?,
+        enabled: r.try_get(7)?,
+        created_at: r.try_get(8)?,
+        updated_at: r.try_get(9)?,
+    })
 }
 
 /// A validated Subscription to create.
@@ -96,7 +96,7 @@ pub async fn create_subscription(
             ],
         )
         .await?;
-    Ok(row.as_ref().map(subscription_from))
+    row.as_ref().map(subscription_from).transpose()
 }
 
 pub async fn get_subscription(db: &impl GenericClient, project: ProjectId, id: SubscriptionId) -> Result<Option<Subscription>, StoreError> {
@@ -106,7 +106,7 @@ pub async fn get_subscription(db: &impl GenericClient, project: ProjectId, id: S
             &[&id.0, &project.0],
         )
         .await?;
-    Ok(row.as_ref().map(subscription_from))
+    row.as_ref().map(subscription_from).transpose()
 }
 
 /// The project's Subscriptions (of one Endpoint, if given) in id order after `after`;
@@ -130,7 +130,7 @@ pub async fn list_subscriptions(
             &[&project.0, &endpoint.map(|e| e.0), &after.map(|a| a.0), &limit],
         )
         .await?;
-    Ok(rows.iter().map(subscription_from).collect())
+    rows.iter().map(subscription_from).collect()
 }
 
 /// A partial update: `None` leaves a column as it is.
@@ -182,11 +182,12 @@ pub async fn update_subscription(
             ],
         )
         .await?;
-    Ok(row.as_ref().map(subscription_from))
+    row.as_ref().map(subscription_from).transpose()
 }
 
-/// `false` when the Subscription is not one of the project's. Its Deliveries stay (their
-/// `subscription_id` becomes NULL).
+/// `false` when the Subscription is not one of the project's. Its Deliveries stay, and keep
+/// its id as their `subscription_id` (no foreign key since migration 0027: the delete
+/// touches none of them).
 pub async fn delete_subscription(db: &impl GenericClient, project: ProjectId, id: SubscriptionId) -> Result<bool, StoreError> {
     let n = db.execute("DELETE FROM subscriptions WHERE id = $1 AND project_id = $2", &[&id.0, &project.0]).await?;
     Ok(n == 1)

@@ -78,7 +78,7 @@ pub async fn create_organization(db: &impl GenericClient, name: &str) -> Result<
     let row = db
         .query_one("INSERT INTO organizations (id, name) VALUES ($1, $2) RETURNING created_at", &[&id.0, &name])
         .await?;
-    Ok(Organization { id, name: name.to_string(), created_at: row.get(0) })
+    Ok(Organization { id, name: name.to_string(), created_at: row.try_get(0)? })
 }
 
 /// `None` when the organization does not exist.
@@ -92,13 +92,13 @@ pub async fn create_project(db: &impl GenericClient, org: OrganizationId, name: 
             &[&id.0, &org.0, &name],
         )
         .await?;
-    Ok(row.map(|r| Project { id, organization_id: org, name: name.to_string(), created_at: r.get(0) }))
+    row.map(|r| Ok(Project { id, organization_id: org, name: name.to_string(), created_at: r.try_get(0)? })).transpose()
 }
 
 /// `None` when there is no such project.
 pub async fn get_project(db: &impl GenericClient, id: ProjectId) -> Result<Option<Project>, StoreError> {
     let row = db.query_opt("SELECT organization_id, name, created_at FROM projects WHERE id = $1", &[&id.0]).await?;
-    Ok(row.map(|r| Project { id, organization_id: OrganizationId(r.get(0)), name: r.get(1), created_at: r.get(2) }))
+    row.map(|r| Ok(Project { id, organization_id: OrganizationId(r.try_get(0)?), name: r.try_get(1)?, created_at: r.try_get(2)? })).transpose()
 }
 
 /// `None` when the project does not exist.
@@ -114,10 +114,10 @@ pub async fn create_api_key(db: &impl GenericClient, project: ProjectId, name: &
             &[&id.0, &project.0, &name, &prefix, &hash_key(&secret)],
         )
         .await?;
-    Ok(row.map(|r| NewApiKey {
-        key: ApiKey { id, project_id: project, name: name.to_string(), prefix, created_at: r.get(0), revoked_at: None },
+    row.map(|r| Ok(NewApiKey {
+        key: ApiKey { id, project_id: project, name: name.to_string(), prefix, created_at: r.try_get(0)?, revoked_at: None },
         secret,
-    }))
+    })).transpose()
 }
 
 /// The key's project, if the key exists and is not revoked. One indexed lookup; revocation
@@ -130,7 +130,7 @@ pub async fn authenticate<C: deadpool_postgres::GenericClient + Sync>(db: &C, se
     }
     let statement = db.prepare_cached("SELECT id, project_id FROM api_keys WHERE secret_sha256 = $1 AND revoked_at IS NULL").await?;
     let row = db.query_opt(&statement, &[&hash_key(secret)]).await?;
-    Ok(row.map(|r| Principal { key_id: ApiKeyId(r.get(0)), project_id: ProjectId(r.get(1)) }))
+    row.map(|r| Ok(Principal { key_id: ApiKeyId(r.try_get(0)?), project_id: ProjectId(r.try_get(1)?) })).transpose()
 }
 
 pub async fn list_api_keys(db: &impl GenericClient, project: ProjectId) -> Result<Vec<ApiKey>, StoreError> {
@@ -141,17 +141,14 @@ pub async fn list_api_keys(db: &impl GenericClient, project: ProjectId) -> Resul
             &[&project.0],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| ApiKey {
-            id: ApiKeyId(r.get(0)),
+    rows.iter().map(|r| Ok(ApiKey {
+            id: ApiKeyId(r.try_get(0)?),
             project_id: project,
-            name: r.get(1),
-            prefix: r.get(2),
-            created_at: r.get(3),
-            revoked_at: r.get(4),
-        })
-        .collect())
+            name: r.try_get(1)?,
+            prefix: r.try_get(2)?,
+            created_at: r.try_get(3)?,
+            revoked_at: r.try_get(4)?,
+        })).collect()
 }
 
 /// `false` when the key is not one of the project's (or already revoked).

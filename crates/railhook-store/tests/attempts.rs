@@ -43,7 +43,7 @@ async fn ingest(client: &Client, fixture: &Fixture) -> Vec<DeliveryId> {
 }
 
 async fn claim(pool: &railhook_store::Pool, deliveries: &[DeliveryId]) -> Vec<Claimed> {
-    let requests: Vec<ClaimRequest> = deliveries.iter().map(|d| ClaimRequest { delivery: *d, token: ClaimToken::new(), hint: None, wait: false }).collect();
+    let requests: Vec<ClaimRequest> = deliveries.iter().map(|d| ClaimRequest { delivery: *d, token: ClaimToken::new(), hint: None, wait: false, announced_at: None }).collect();
     lifecycle::claim_batch(&pool.get().await.unwrap(), &requests, &LIMITS)
         .await
         .unwrap()

@@ -15,7 +15,7 @@ use crate::error::{UiError, UiResult};
 use crate::form::Form;
 use crate::page::{self, next_page, paginate};
 use crate::query::{self, EndpointHealth};
-use crate::session::Viewer;
+use crate::viewer::Viewer;
 use crate::UiState;
 
 const LIMIT: i64 = 50;
@@ -62,8 +62,9 @@ fn verdict(e: &Endpoint, h: Option<&EndpointHealth>) -> (&'static str, &'static 
     if !e.enabled {
         return ("disabled", "wait");
     }
-    let failing = h.circuit != "closed" || h.failed_last_hour > 0 || (h.window_failures > 0 && h.window_failures >= h.window_successes);
-    match (failing, h.window_successes + h.window_failures) {
+    let c = &h.circuit;
+    let failing = c.state != "closed" || h.failed_last_hour > 0 || (c.window_failures > 0 && c.window_failures >= c.window_successes);
+    match (failing, c.window_successes + c.window_failures) {
         (true, _) => ("failing", "bad"),
         (false, 0) => ("idle", "wait"),
         (false, _) => ("healthy", "ok"),
@@ -80,13 +81,7 @@ fn row(viewer: &Viewer, e: &Endpoint, h: Option<&EndpointHealth>, limit: i32) ->
                 @if !e.description.is_empty() { br; span.muted { (e.description) } }
             }
             td { span class={ "badge " (class) } { (word) } }
-            td {
-                @if let Some(h) = h {
-                    (h.circuit.replace('_', "-"))
-                    @if let Some(t) = h.opened_at.filter(|_| h.circuit != "closed") { br; span.hint { "opened " (page::time(t)) } }
-                    br; span.hint { (h.window_successes) " ok, " (h.window_failures) " failed in the window" }
-                } @else { "closed" }
-            }
+            td { (page::circuit(h.map(|h| &h.circuit))) }
             td { (h.map_or(0, |h| h.in_flight)) @if limit > 0 { " / " (limit) } }
             td { (h.map_or(0, |h| h.failed_last_hour)) }
             td {

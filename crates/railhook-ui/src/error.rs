@@ -1,13 +1,11 @@
 //! One error type for the dashboard: bad input becomes a precise 4xx page, a failure of
-//! ours a 500 page that says nothing about the internals (those go to the log).
+//! ours a 500 page that says nothing about the internals (those go to the log). The pages
+//! themselves are drawn by `crate::page` (its `IntoResponse for UiError`), so that this
+//! module, which every other one uses, uses none of them.
 
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use maud::html;
+use axum::http::StatusCode;
 use railhook_store::pool::PoolError;
 use railhook_store::StoreError;
-
-use crate::page;
 
 #[derive(Debug)]
 pub enum UiError {
@@ -54,23 +52,6 @@ impl From<PoolError> for UiError {
     fn from(e: PoolError) -> UiError {
         tracing::warn!(error = %e, "ui: no database connection");
         UiError::Internal
-    }
-}
-
-impl IntoResponse for UiError {
-    fn into_response(self) -> Response {
-        let (status, message) = match self {
-            UiError::Redirect(to) => return (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response(),
-            UiError::Client(status, message) => (status, message),
-            UiError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong on our side; it has been logged. Try again.".to_string()),
-        };
-        let title = status.canonical_reason().unwrap_or("Error");
-        let body = html! {
-            h1 { (status.as_u16()) " " (title) }
-            p role="alert" { (message) }
-            p { a href="/ui/" { "Back to the overview" } }
-        };
-        (status, page::bare(title, body)).into_response()
     }
 }
 

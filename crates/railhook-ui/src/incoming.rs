@@ -16,7 +16,7 @@ use crate::deliveries::{parse_opt, parse_time, EXTRA_ATTEMPTS};
 use crate::error::{UiError, UiResult};
 use crate::form::Form;
 use crate::page::{self, next_page, paginate, query_string};
-use crate::session::Viewer;
+use crate::viewer::Viewer;
 use crate::UiState;
 
 const LIMIT: i64 = 50;

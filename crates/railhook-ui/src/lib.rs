@@ -37,6 +37,7 @@ pub mod relay;
 mod replays;
 mod sources;
 pub mod session;
+mod viewer;
 
 /// What every page can reach: the API's configuration and pool, and the slot's recent
 /// history for the relay page.

@@ -9,7 +9,7 @@ use maud::{html, Markup};
 use crate::error::UiResult;
 use crate::page;
 use crate::query::{self, Overview};
-use crate::session::Viewer;
+use crate::viewer::Viewer;
 use crate::UiState;
 
 /// `GET /ui/`

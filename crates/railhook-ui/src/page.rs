@@ -1,16 +1,19 @@
-//! The frame every page shares: skip link, header, navigation, sign-out; and the small
-//! pieces pages repeat (times, status badges, the next-page link).
+//! The frame every page shares: skip link, header, navigation, sign-out; the error page; and
+//! the small pieces pages repeat (times, status badges, circuits, the next-page link).
 //!
 //! The navigation is one table, [`SECTIONS`]: a later page joins it with one line and its
 //! routes in `lib.rs`.
 
-use axum::response::Html;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use railhook_core::DeliveryStatus;
 
 use crate::assets;
-use crate::session::{Role, Viewer};
+use crate::error::UiError;
+use crate::query::Circuit;
+use crate::viewer::{Role, Viewer};
 
 /// A section of the dashboard, as the navigation lists it.
 pub struct Section {
@@ -107,6 +110,25 @@ fn who(viewer: &Viewer) -> Markup {
     }
 }
 
+/// An error as a page: the sign-in page or the project list for a redirect, else the
+/// status with its message, and the way back.
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            UiError::Redirect(to) => return (StatusCode::SEE_OTHER, [(header::LOCATION, to)]).into_response(),
+            UiError::Client(status, message) => (status, message),
+            UiError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "Something went wrong on our side; it has been logged. Try again.".to_string()),
+        };
+        let title = status.canonical_reason().unwrap_or("Error");
+        let body = html! {
+            h1 { (status.as_u16()) " " (title) }
+            p role="alert" { (message) }
+            p { a href="/ui/" { "Back to the overview" } }
+        };
+        (status, bare(title, body)).into_response()
+    }
+}
+
 /// A time for people, with the exact value for machines.
 pub fn time(t: DateTime<Utc>) -> Markup {
     html! { time datetime=(t.to_rfc3339()) { (t.format("%Y-%m-%d %H:%M:%S UTC")) } }
@@ -127,6 +149,18 @@ pub fn status(s: DeliveryStatus) -> Markup {
         _ => "wait",
     };
     html! { span class={ "badge " (class) } { (s) } }
+}
+
+/// The circuit breaker of an Endpoint or a Destination: its state, since when it is not
+/// closed, and its window's count; `None`: it never had an Attempt (closed).
+pub fn circuit(c: Option<&Circuit>) -> Markup {
+    html! {
+        @if let Some(c) = c {
+            (c.state.replace('_', "-"))
+            @if let Some(t) = c.opened_at.filter(|_| c.state != "closed") { br; span.hint { "opened " (time(t)) } }
+            br; span.hint { (c.window_successes) " ok, " (c.window_failures) " failed in the window" }
+        } @else { "closed" }
+    }
 }
 
 /// "Next page" when the list has more; `query` is the page's filters, already encoded,

@@ -11,7 +11,8 @@ use serde::Deserialize;
 use crate::error::{UiError, UiResult};
 use crate::form::Form;
 use crate::page::{self, next_page, paginate};
-use crate::session::{set_cookie, Role, Viewer, PROJECT_COOKIE};
+use crate::session::{set_cookie, PROJECT_COOKIE};
+use crate::viewer::{Role, Viewer};
 use crate::{query, UiState};
 
 const LIMIT: i64 = 50;

@@ -1,10 +1,10 @@
 //! The dashboard's own SQL: only what `railhook-store` has no function for (the overview's
-//! aggregates, Endpoint health, the Deliveries list by event type, the operator's project
-//! list). Each statement is bounded (a LIMIT on the rows it reads, and the overview runs
+//! aggregates, Endpoint health, Destinations' circuits, the Deliveries list by event type,
+//! the operator's project list). Each statement is bounded (a LIMIT on the rows it reads, and the overview runs
 //! under a statement timeout) and follows an index named beside it.
 
 use chrono::{DateTime, Utc};
-use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, ProjectId};
+use railhook_core::{DeliveryId, DeliveryStatus, DestinationId, EndpointId, ProjectId};
 use tokio_postgres::GenericClient;
 
 use crate::error::{UiError, UiResult};
@@ -81,7 +81,7 @@ pub async fn oldest_of(client: &mut deadpool_postgres::Client, project: ProjectI
     tx.batch_execute(OLDEST_TIMEOUT).await?;
     let row = bounded(&mut tx, sql, &[&project.0]).await?;
     tx.commit().await?;
-    Ok(row.map(|r| r.get(0)))
+    Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 
 /// `deliveries_failed_idx (project_id, completed_at) WHERE status = 'FAILED'`.
@@ -105,18 +105,18 @@ pub async fn overview(client: &mut deadpool_postgres::Client, project: ProjectId
     tx.commit().await?;
     let mut o = Overview::default();
     if let Some(r) = ingest {
-        o.events_counted = r.get(0);
-        o.ingest_per_second = rate(o.events_counted, r.get(1));
+        o.events_counted = r.try_get(0)?;
+        o.ingest_per_second = rate(o.events_counted, r.try_get(1)?);
     }
     if let Some(r) = outcome {
-        let (success, failures): (i64, i64) = (r.get(0), r.get(1));
+        let (success, failures): (i64, i64) = (r.try_get(0)?, r.try_get(1)?);
         o.ended = success + failures;
         o.success_rate = (o.ended > 0).then(|| success as f64 / o.ended as f64);
-        o.e2e_p50_ms = r.get(2);
-        o.e2e_p99_ms = r.get(3);
+        o.e2e_p50_ms = r.try_get(2)?;
+        o.e2e_p99_ms = r.try_get(3)?;
     }
-    o.oldest_pending = oldest.map(|r| r.get(0));
-    o.failed_last_hour = failed.map(|r| r.get(0));
+    o.oldest_pending = oldest.map(|r| r.try_get(0)).transpose()?;
+    o.failed_last_hour = failed.map(|r| r.try_get(0)).transpose()?;
     Ok(o)
 }
 
@@ -151,15 +151,21 @@ fn rate(count: i64, oldest: Option<DateTime<Utc>>) -> Option<f64> {
     (span > 0.0).then(|| count as f64 / span)
 }
 
-/// An Endpoint's health, beside what `railhook_store::endpoints` says about it.
-#[derive(Debug, Clone)]
-pub struct EndpointHealth {
+/// The circuit breaker of an Endpoint or a Destination (`circuits`, migration 0026).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Circuit {
     /// `closed`, `open` or `half_open`; `closed` when it never had an Attempt.
-    pub circuit: String,
+    pub state: String,
     pub opened_at: Option<DateTime<Utc>>,
     /// The circuit's current window.
     pub window_successes: i32,
     pub window_failures: i32,
+}
+
+/// An Endpoint's health, beside what `railhook_store::endpoints` says about it.
+#[derive(Debug, Clone)]
+pub struct EndpointHealth {
+    pub circuit: Circuit,
     /// Deliveries being attempted right now (its concurrency in use).
     pub in_flight: i64,
     pub failed_last_hour: i64,
@@ -174,7 +180,7 @@ SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
             WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
               AND d.endpoint_id = e.id LIMIT 10000) f)
-FROM endpoints e LEFT JOIN endpoint_circuits c ON c.endpoint_id = e.id
+FROM endpoints e LEFT JOIN circuits c ON c.target_id = e.id
 WHERE e.project_id = $1 AND e.id = ANY($2::uuid[])";
 
 pub async fn endpoint_health(
@@ -184,20 +190,31 @@ pub async fn endpoint_health(
 ) -> UiResult<std::collections::HashMap<EndpointId, EndpointHealth>> {
     let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
     let rows = db.query(HEALTH_SQL, &[&project.0, &ids]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
+    rows.iter().map(|r| Ok({
             let health = EndpointHealth {
-                circuit: r.get(1),
-                opened_at: r.get(2),
-                window_successes: r.get(3),
-                window_failures: r.get(4),
-                in_flight: r.get(5),
-                failed_last_hour: r.get(6),
+                circuit: Circuit { state: r.try_get(1)?, opened_at: r.try_get(2)?, window_successes: r.try_get(3)?, window_failures: r.try_get(4)? },
+                in_flight: r.try_get(5)?,
+                failed_last_hour: r.try_get(6)?,
             };
-            (EndpointId(r.get(0)), health)
-        })
-        .collect())
+            (EndpointId(r.try_get(0)?), health)
+        })).collect()
+}
+
+/// The circuits of the listed Destinations of the project (the circuit's primary key); a
+/// Destination without a row has never had an Attempt (closed).
+const DESTINATION_CIRCUITS_SQL: &str = "
+SELECT d.id, c.state, c.opened_at, c.successes, c.failures
+FROM destinations d JOIN circuits c ON c.target_id = d.id
+WHERE d.project_id = $1 AND d.id = ANY($2::uuid[])";
+
+pub async fn destination_circuits(
+    db: &impl GenericClient,
+    project: ProjectId,
+    ids: &[DestinationId],
+) -> UiResult<std::collections::HashMap<DestinationId, Circuit>> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
+    let rows = db.query(DESTINATION_CIRCUITS_SQL, &[&project.0, &ids]).await?;
+    rows.iter().map(|r| Ok((DestinationId(r.try_get(0)?), Circuit { state: r.try_get(1)?, opened_at: r.try_get(2)?, window_successes: r.try_get(3)?, window_failures: r.try_get(4)? }))).collect()
 }
 
 /// A Delivery as the list shows it.
@@ -269,17 +286,17 @@ pub async fn deliveries_by_type(db: &impl GenericClient, project: ProjectId, q: 
         .await?;
     rows.iter()
         .map(|r| {
-            let status: &str = r.get(3);
+            let status: &str = r.try_get(3)?;
             Ok(DeliveryRow {
-                id: DeliveryId(r.get(0)),
-                event_type: r.get(1),
-                endpoint_id: EndpointId(r.get(2)),
+                id: DeliveryId(r.try_get(0)?),
+                event_type: r.try_get(1)?,
+                endpoint_id: EndpointId(r.try_get(2)?),
                 status: status.parse().map_err(|_| UiError::Internal)?,
-                attempt_count: r.get(4),
-                max_attempts: r.get(5),
-                created_at: r.get(6),
-                next_retry_at: r.get(7),
-                last_error: r.get(8),
+                attempt_count: r.try_get(4)?,
+                max_attempts: r.try_get(5)?,
+                created_at: r.try_get(6)?,
+                next_retry_at: r.try_get(7)?,
+                last_error: r.try_get(8)?,
             })
         })
         .collect()
@@ -302,10 +319,7 @@ ORDER BY p.id LIMIT $2";
 
 pub async fn projects(db: &impl GenericClient, after: Option<ProjectId>, limit: i64) -> UiResult<Vec<ProjectRow>> {
     let rows = db.query(PROJECTS_SQL, &[&after.map(|a| a.0), &limit]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| ProjectRow { id: ProjectId(r.get(0)), name: r.get(1), organization: r.get(2), created_at: r.get(3) })
-        .collect())
+    rows.iter().map(|r| Ok(ProjectRow { id: ProjectId(r.try_get(0)?), name: r.try_get(1)?, organization: r.try_get(2)?, created_at: r.try_get(3)? })).collect()
 }
 
 pub async fn project_exists(db: &impl GenericClient, id: ProjectId) -> UiResult<bool> {
@@ -357,8 +371,5 @@ FROM pg_stat_replication ORDER BY backend_start LIMIT 100";
 
 pub async fn walsenders(client: &impl GenericClient) -> UiResult<Vec<Walsender>> {
     let rows = client.query(WALSENDERS_SQL, &[]).await?;
-    Ok(rows
-        .iter()
-        .map(|r| Walsender { pid: r.get(0), application_name: r.get(1), client: r.get(2), state: r.get(3), replay_lag_bytes: r.get(4) })
-        .collect())
+    rows.iter().map(|r| Ok(Walsender { pid: r.try_get(0)?, application_name: r.try_get(1)?, client: r.try_get(2)?, state: r.try_get(3)?, replay_lag_bytes: r.try_get(4)? })).collect()
 }

@@ -21,7 +21,7 @@ use railhook_store::Pool;
 use crate::error::{UiError, UiResult};
 use crate::page;
 use crate::query::{self, Walsender};
-use crate::session::{Role, Viewer};
+use crate::viewer::{Role, Viewer};
 use crate::UiState;
 
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);

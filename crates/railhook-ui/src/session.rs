@@ -1,4 +1,5 @@
-//! Sign-in, sign-out, and who is looking: a [`Viewer`] from the session cookie.
+//! Sign-in, sign-out, and who is looking: a [`Viewer`] (`crate::viewer`) from the session
+//! cookie, and the CSRF check of its forms.
 //!
 //! The session cookie holds the credential itself (base64url, so any operator token fits a
 //! cookie): a project API key, checked on every request like the API checks it (one indexed
@@ -26,6 +27,7 @@ use sha2::Sha256;
 
 use crate::error::{UiError, UiResult};
 use crate::form::Form;
+use crate::viewer::{Role, Viewer};
 use crate::{page, UiState};
 
 pub const SESSION_COOKIE: &str = "rh_session";
@@ -33,32 +35,7 @@ pub const SESSION_COOKIE: &str = "rh_session";
 pub const PROJECT_COOKIE: &str = "rh_project";
 const SIGN_IN_COOKIE: &str = "rh_signin";
 
-/// Whose data the pages show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Signed in with a project API key: that project only.
-    Project,
-    /// Signed in with the operator token: any project, one at a time.
-    Operator,
-}
-
-/// The signed-in person, as every page handler receives them.
-#[derive(Debug, Clone)]
-pub struct Viewer {
-    pub role: Role,
-    /// The project shown: the key's, or the one the operator chose.
-    pub project: Option<ProjectId>,
-    /// The token every form of this session carries.
-    pub csrf: String,
-}
-
 impl Viewer {
-    /// The project the page is about; an operator who has not chosen one is sent to the
-    /// project list.
-    pub fn project(&self) -> UiResult<ProjectId> {
-        self.project.ok_or(UiError::Redirect("/ui/projects"))
-    }
-
     /// Refuses a form that does not carry this session's token, or that a browser marks
     /// as sent from another site.
     pub fn check(&self, headers: &HeaderMap, form: &Form) -> UiResult<()> {

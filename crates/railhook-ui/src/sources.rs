@@ -1,5 +1,6 @@
 //! Sources (`/ui/sources`): the project's Sources with their provider, state and ingress URL,
-//! and one Source with its Destinations. Reads `railhook_store::sources` only.
+//! and one Source with its Destinations and their circuits. Reads `railhook_store::sources`
+//! and the Destinations' circuits (`query::destination_circuits`).
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap};
@@ -12,7 +13,8 @@ use serde::Deserialize;
 use crate::deliveries::parse_opt;
 use crate::error::{UiError, UiResult};
 use crate::page::{self, next_page, paginate};
-use crate::session::Viewer;
+use crate::query::{self, Circuit};
+use crate::viewer::Viewer;
 use crate::UiState;
 
 const LIMIT: i64 = 50;
@@ -80,12 +82,14 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, headers: Heade
     let source = sources::get_source(&**client, project, id).await?.ok_or_else(|| UiError::not_found("Source"))?;
     let destinations = sources::list_destinations(&**client, project, id, after, LIMIT + 1).await?.unwrap_or_default();
     let (destinations, next) = paginate(destinations, LIMIT, |d| d.id.to_string());
+    let ids: Vec<DestinationId> = destinations.iter().map(|d| d.id).collect();
+    let circuits = query::destination_circuits(&**client, project, &ids).await?;
     let body = html! {
         h1 { "Source " code { (source.id) } }
         (facts(&state, &headers, &source))
         p { a href={ "/ui/incoming?source_id=" (source.id) } { "Incoming Events of this Source" } " · " a href={ "/ui/failed-forwards?source_id=" (source.id) } { "its failed Forwards" } }
         h2 { "Destinations" }
-        (destination_table(&destinations))
+        (destination_table(&destinations, &circuits))
         (next_page(&format!("/ui/sources/{}", source.id), "", "cursor", next))
     };
     Ok(page::frame(&viewer, "/ui/sources", &format!("Source {}", source.id), body))
@@ -116,20 +120,24 @@ fn auth_kind(a: &DestinationAuth) -> &'static str {
     }
 }
 
-fn destination_table(rows: &[Destination]) -> Markup {
+fn destination_table(rows: &[Destination], circuits: &std::collections::HashMap<DestinationId, Circuit>) -> Markup {
     html! {
         @if rows.is_empty() { p { "No Destination: what arrives is stored, and forwarded nowhere." } }
         @else {
             table {
                 caption { "Destinations, oldest first" }
-                thead { tr { th scope="col" { "Destination" } th scope="col" { "URL" } th scope="col" { "Auth" } th scope="col" { "State" } th scope="col" { "Rate limit" } } }
+                thead { tr {
+                    th scope="col" { "Destination" } th scope="col" { "URL" } th scope="col" { "Auth" } th scope="col" { "State" }
+                    th scope="col" { "Circuit" } th scope="col" { "Rate limit" }
+                } }
                 tbody {
                     @for d in rows {
-                        tr {
+                        tr data-destination=(d.id) {
                             td { code { (d.id) } }
                             td { code.wrap { (d.url) } }
                             td { (auth_kind(&d.auth)) }
                             td { (enabled(d.enabled)) }
+                            td { (page::circuit(circuits.get(&d.id))) }
                             td { @match d.rate_limit_per_second { Some(n) => { (n) "/s" } None => { "none" } } }
                         }
                     }

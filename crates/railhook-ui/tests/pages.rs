@@ -323,6 +323,23 @@ async fn incoming_pages_show_sources_events_and_forwards_escaped_and_retry_a_fai
     assert!(sources.body.contains("&lt;b&gt;Stripe&lt;/b&gt;") && sources.body.contains("/ingress/") && sources.body.contains("stripe"));
     let one = ui.get(&format!("/ui/sources/{source}"), &session).await;
     assert!(one.body.contains("http://127.0.0.1:9/in"), "{}", one.body);
+    assert!(!one.body.contains("opened "), "no Attempt yet: the circuit is closed");
+    // Three failed Attempts recorded by the breaker's own rules open the Destination's circuit.
+    let client = ui.pool.get().await.unwrap();
+    let destination: uuid::Uuid = client.query_one("SELECT id FROM destinations WHERE source_id = $1", &[&source.0]).await.unwrap().get(0);
+    let change: String = client
+        .query_one(
+            "SELECT railhook_circuit_record_many($1, 'destination', ARRAY[gen_random_uuid(), gen_random_uuid(), gen_random_uuid()], ARRAY[false, false, false], 60, 3, 0.5)",
+            &[&destination],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(change, "opened");
+    let one = ui.get(&format!("/ui/sources/{source}"), &session).await;
+    let row = one.body.split(&format!("data-destination=\"{}\"", railhook_core::DestinationId(destination))).nth(1).expect("the Destination's row");
+    let row = row.split("</tr>").next().unwrap();
+    assert!(row.contains("<td>open<br>") && row.contains("opened "), "{row}");
     let list = ui.get(&format!("/ui/incoming?source_id={source}&provider_event_id=evt_1"), &session).await;
     assert!(list.body.contains(&event.to_string()), "{}", list.body);
     let none = ui.get("/ui/incoming?provider_event_id=evt_2", &session).await;

@@ -20,15 +20,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-/// This host's wall clock: `Utc::now()`, plus `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` when set
-/// (the chaos suite only; read once).
+/// This host's wall clock: `Utc::now()`, set ahead by `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS`
+/// when a test sets it (`crate::failpoint::clock_ahead`).
 pub fn host_now() -> DateTime<Utc> {
-    static AHEAD: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
-    let ahead = AHEAD.get_or_init(|| {
-        let ms = std::env::var("RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS").ok().and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0);
-        chrono::Duration::milliseconds(ms)
-    });
-    Utc::now() + *ahead
+    Utc::now() + crate::failpoint::clock_ahead()
 }
 
 /// How often the offset is measured again (a host clock stepped by NTP is followed within it).

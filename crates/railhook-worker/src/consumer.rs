@@ -59,6 +59,9 @@ impl OffsetTracker {
 pub struct Hint {
     pub delivery: railhook_core::DeliveryId,
     pub claim_token: Option<railhook_core::ClaimToken>,
+    /// When its announcement was committed (the relay's `commit_time_us` header), if known:
+    /// the claim tells a retry's hint that overtook that commit from a stale one.
+    pub announced_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Parses a message (`railhook_kafka::Announcement`, the relay's contract): the hint and its
@@ -66,7 +69,7 @@ pub struct Hint {
 pub fn parse_hint(key: &[u8], payload: &[u8]) -> Option<(railhook_core::EndpointId, Hint)> {
     match railhook_kafka::Announcement::parse_keyed(key, payload) {
         Ok(railhook_kafka::Announcement { target: railhook_kafka::Target::Delivery { delivery, endpoint }, claim_token, .. }) => {
-            Some((endpoint, Hint { delivery, claim_token }))
+            Some((endpoint, Hint { delivery, claim_token, announced_at: None }))
         }
         Ok(_) => None,
         Err(e) => {
@@ -104,7 +107,7 @@ mod tests {
         let key = ep.to_string();
         let token = railhook_core::ClaimToken::new();
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "retry", "claim_token": token.to_string()});
-        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token) })));
+        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token), announced_at: None })));
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "created"});
         assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()).unwrap().1.claim_token, None);
         let forward = serde_json::json!({"v": 1, "forward_id": railhook_core::ForwardId::new().to_string(), "reason": "created"}).to_string();

@@ -36,8 +36,8 @@ use railhook_core::signing::{sign, EndpointSecret};
 use railhook_core::{AttemptId, ClaimToken, ForwardId};
 use railhook_kafka::{Announcement, Target};
 use railhook_store::incoming::ForwardToSend;
-use railhook_store::lifecycle::forward::{self, ClaimedForward, ForwardClaim, ForwardClaimResult, ForwardFinalise};
-use railhook_store::lifecycle::{AttemptRecord, Next};
+use railhook_store::lifecycle::forward::{self, CircuitTiming, ClaimedForward, ForwardClaim, ForwardClaimResult, ForwardFinalise, ForwardFinalised};
+use railhook_store::lifecycle::{AttemptRecord, Circuit, Limits, Next};
 use railhook_store::sources::DestinationAuth;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::Message;
@@ -96,10 +96,12 @@ pub struct ForwardMetrics {
     /// Attempts by result and status class.
     pub attempts: IntCounterVec,
     pub in_flight: IntGauge,
-    /// Claim outcomes: claimed, nothing, missing, destination_disabled, destination_rate; and
-    /// unseen_retry, a claim made again because its row (or the scheduler's token on it) was
-    /// not visible yet.
+    /// Claim outcomes: claimed, nothing, missing, destination_disabled, destination_rate,
+    /// circuit_open, circuit_half_open; and unseen_retry, a claim made again because its row
+    /// (or the scheduler's token on it) was not visible yet.
     pub claims: IntCounterVec,
+    /// Destination circuit breaker state changes by change (opened, closed, reopened).
+    pub circuit_changes: IntCounterVec,
     /// Finalises that found their Claim gone (swept).
     pub fence_lost: IntCounter,
     pub scheduled: IntCounter,
@@ -122,6 +124,7 @@ impl ForwardMetrics {
             attempts: vec("railhook_worker_forward_attempts_total", "Forward Attempts by result and status class.", &["result", "status_class"]),
             in_flight: IntGauge::new("railhook_worker_forwards_in_flight", "Forward Attempts running in this process.").expect("valid metric"),
             claims: vec("railhook_worker_forward_claims_total", "Forward announcements by what their claim found.", &["outcome"]),
+            circuit_changes: vec("railhook_worker_forward_circuit_changes_total", "Destination circuit state changes, by change.", &["change"]),
             fence_lost: counter("railhook_worker_forward_fence_lost_total", "Forward finalises that found their Claim gone."),
             scheduled: counter("railhook_worker_forward_retries_scheduled_total", "Due Forwards claimed and announced by the scheduler."),
             swept: vec("railhook_worker_forwards_swept_total", "Forwards moved by the sweeps, by sweep.", &["sweep"]),
@@ -133,6 +136,7 @@ impl ForwardMetrics {
         registry.register(Box::new(self.attempts.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
         registry.register(Box::new(self.claims.clone()))?;
+        registry.register(Box::new(self.circuit_changes.clone()))?;
         registry.register(Box::new(self.fence_lost.clone()))?;
         registry.register(Box::new(self.scheduled.clone()))?;
         registry.register(Box::new(self.swept.clone()))?;
@@ -229,7 +233,7 @@ pub struct Forwarder {
     pub sender: http::Sender,
     pub metrics: ForwardMetrics,
     claimer: Batcher<ForwardClaim, ForwardClaimResult>,
-    finaliser: Batcher<ForwardFinalise, bool>,
+    finaliser: Batcher<ForwardFinalise, ForwardFinalised>,
     retry_after_max: Duration,
     max_age: Duration,
     /// The database's clock: retries are timed on it (`crate::clock`).
@@ -264,12 +268,15 @@ impl Forwarder {
     pub fn new(config: &Config, pool: railhook_store::Pool, sender: http::Sender, metrics: ForwardMetrics) -> Forwarder {
         let w = &config.worker;
         let ladder: Arc<Vec<i32>> = Arc::new(w.incoming_retry_delays_seconds.clone());
+        // The Endpoints' breaker settings, for the Destinations' circuits.
+        let timing = CircuitTiming::from(&Limits::from_config(w));
+        let circuit = Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
         let claim_pool = pool.clone();
         let claimer = Batcher::start("forward claim", w.max_in_flight, move |claims: Arc<[ForwardClaim]>| {
             let (pool, ladder) = (claim_pool.clone(), ladder.clone());
             async move {
                 let client = connection(&pool).await?;
-                forward::claim_batch(&client, &claims, Some(ladder.as_slice())).await.map_err(|e| store_error("forward claim batch", e))
+                forward::claim_batch(&client, &claims, Some(ladder.as_slice()), &timing).await.map_err(|e| store_error("forward claim batch", e))
             }
         });
         let finalise_pool = pool.clone();
@@ -277,7 +284,7 @@ impl Forwarder {
             let pool = finalise_pool.clone();
             async move {
                 let client = connection(&pool).await?;
-                forward::finalise_batch(&client, &requests).await.map_err(|e| store_error("forward finalise batch", e))
+                forward::finalise_batch(&client, &requests, &circuit).await.map_err(|e| store_error("forward finalise batch", e))
             }
         });
         Forwarder {
@@ -374,8 +381,16 @@ impl Forwarder {
             next,
             last_error: last_error(&verdict, &outcome),
             attempt: record(&outcome, request_headers, self.clock.offset()),
+            // As for Endpoints: an answer that asks for a retry is a failure; any other
+            // answer, even a 4xx, shows the Destination is up.
+            healthy: !matches!(verdict, Verdict::Retry { .. }),
         };
-        if !self.finalise(request).await? {
+        let finalised = self.finalise(request).await?;
+        if let Some(change) = finalised.circuit {
+            tracing::info!(destination = %f.destination.id, %change, "circuit state changed");
+            self.metrics.circuit_changes.with_label_values(&[change.as_str()]).inc();
+        }
+        if !finalised.wrote {
             self.metrics.fence_lost.inc();
             return Ok(Ran::FenceLost);
         }
@@ -401,11 +416,11 @@ impl Forwarder {
 
     /// The finalise, retried on connection trouble; giving up leaves the Forward PROCESSING
     /// for the stuck sweep (the Destination may then see it twice, same `Idempotency-Key`).
-    async fn finalise(&self, request: ForwardFinalise) -> Result<bool, WorkerError> {
+    async fn finalise(&self, request: ForwardFinalise) -> Result<ForwardFinalised, WorkerError> {
         let mut wait = Duration::from_millis(100);
         for _ in 0..6 {
             match self.finaliser.call(request.clone()).await {
-                Ok(wrote) => return Ok(wrote),
+                Ok(finalised) => return Ok(finalised),
                 Err(e) => tracing::warn!(error = %error::chain(&e), forward = %request.forward, "forward finalise failed, retrying"),
             }
             tokio::time::sleep(wait).await;

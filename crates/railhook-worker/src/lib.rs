@@ -24,10 +24,12 @@ use tokio_util::sync::CancellationToken;
 pub mod clock;
 pub mod consumer;
 pub mod error;
+pub mod failpoint;
 pub mod forwards;
 pub mod http;
 pub mod ladder;
 pub mod metrics;
+pub mod ordering;
 pub mod partitions;
 pub mod queues;
 pub mod replays;
@@ -54,6 +56,7 @@ pub const SWEEP_BATCH: i64 = 1_000;
 /// the last Runner handle.
 pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let runner = Arc::new(runner_for(&config, &metrics)?);
+    let task_panic = failpoint::TaskPanic::from_env()?.map(Arc::new);
     let topic = config.deliveries_topic();
     loop {
         match railhook_kafka::ensure_topics(&config.kafka, &[topic.clone(), config.forwards_topic()]).await {
@@ -94,7 +97,7 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     jobs.spawn(pacing_loop(runner.pool.clone(), wait_rx, background.clone()));
     let consumers = shutdown.child_token();
     let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), runner.clock.clone(), metrics.clone(), consumers.clone()));
-    let outgoing = consume(&config, &topic, runner, wait_tx, consumers.clone());
+    let outgoing = consume(&config, &topic, runner, wait_tx, task_panic, consumers.clone());
     tokio::pin!(outgoing);
     let result = tokio::select! {
         result = &mut outgoing => {
@@ -130,10 +133,11 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
     let pool = railhook_store::build_pool_as(&config.database, railhook_store::application::WORKER).map_err(|e| WorkerError::misconfigured("database", e))?;
     let sender = http::Sender::from_config(&config.network)?;
     let finishing = runner::Finishing::default();
-    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone());
+    let ordering = ordering::OrderingBuffer::default();
+    let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone(), ordering.clone());
     let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
     let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), w.max_in_flight);
-    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, clock: clock::DbClock::default() })
+    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, ordering, clock: clock::DbClock::default() })
 }
 
 fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
@@ -195,6 +199,8 @@ struct Consuming<'a> {
     events_tx: tokio::sync::mpsc::Sender<TaskEvent>,
     tasks: JoinSet<()>,
     hard_stop: CancellationToken,
+    /// `RAILHOOK_FAILPOINT_TASK_PANIC` (crate::failpoint): off unless a test sets it.
+    task_panic: Option<Arc<failpoint::TaskPanic>>,
 }
 
 impl Consuming<'_> {
@@ -202,16 +208,18 @@ impl Consuming<'_> {
     fn message(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (partition, offset) = (message.partition(), message.offset());
         let received = tokio::time::Instant::now();
-        if let Some(read_us) = message.headers().and_then(|h| railhook_kafka::Stamp::relay_read_us(h.iter().map(|h| (h.key, h.value)))) {
+        let stamp = message.headers().map(|h| railhook_kafka::Stamp::from_headers(h.iter().map(|h| (h.key, h.value)))).unwrap_or_default();
+        if let Some(read_us) = stamp.relay_read_us {
             self.runner.metrics.stages.observe_since_unix_micros(Stage::ReadToPoll, read_us);
         }
         self.offsets.tracker.started(partition, offset);
         // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
-        let Some((endpoint, hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
+        let Some((endpoint, mut hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
             self.runner.metrics.bad_messages.inc();
             self.offsets.done(partition, offset);
             return;
         };
+        hint.announced_at = stamp.commit_time_us.and_then(chrono::DateTime::from_timestamp_micros);
         let queued = queues::Queued { hint, place: Some((partition, offset)), received: Some(received) };
         if let Some(start) = self.queues.offer(endpoint, queued, tokio::time::Instant::now()) {
             self.start(start);
@@ -238,7 +246,7 @@ impl Consuming<'_> {
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
-                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None }, place: None, received: None };
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None }, place: None, received: None };
                     if let Some(start) = self.queues.offer(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);
@@ -275,11 +283,14 @@ impl Consuming<'_> {
     fn start(&mut self, start: queues::Start) {
         let permit = self.permits.clone().try_acquire_owned().expect("a permit is free: the loop reads and starts only with free permits");
         let (events, runner, hard_stop) = (self.events_tx.clone(), self.runner.clone(), self.hard_stop.clone());
-        self.tasks.spawn(attempt_task(runner, start, events, permit, hard_stop));
+        self.tasks.spawn(attempt_task(runner, start, events, permit, hard_stop, self.task_panic.clone()));
     }
 }
 
-async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<Duration>, shutdown: CancellationToken) -> Result<(), WorkerError> {
+async fn consume(
+    config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<Duration>, task_panic: Option<Arc<failpoint::TaskPanic>>,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
     let consumer = subscribe(config, topic)?;
     tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
     let max = config.worker.max_in_flight;
@@ -297,6 +308,7 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio:
         events_tx,
         tasks: JoinSet::new(),
         hard_stop: CancellationToken::new(),
+        task_panic,
     };
     let mut measure = tokio::time::interval(PACING_INTERVAL);
     measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -342,41 +354,40 @@ async fn consume(config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio:
 }
 
 /// One hint's task: its claim and Attempt, under a permit of `worker.max_in_flight`.
-async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, permit: tokio::sync::OwnedSemaphorePermit, hard_stop: CancellationToken) {
+async fn attempt_task(
+    runner: Arc<Runner>, start: queues::Start, events: tokio::sync::mpsc::Sender<TaskEvent>, permit: tokio::sync::OwnedSemaphorePermit,
+    hard_stop: CancellationToken, task_panic: Option<Arc<failpoint::TaskPanic>>,
+) {
     runner.metrics.in_flight.inc();
     let queues::Start { endpoint, queued, mode, past_claim } = start;
     let delivery = queued.hint.delivery;
     // Counted among the Endpoint's slots past their claim from the claim's end to the
-    // request's (ingest pacing's signal, `queues::EndpointQueues::measure`).
-    let counted = std::sync::atomic::AtomicBool::new(false);
-    let (counted_ref, past_claim_ref) = (&counted, &past_claim);
-    let leave = || {
-        if counted_ref.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            past_claim_ref.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    };
+    // request's (ingest pacing's signal, `queues::EndpointQueues::measure`); a panic leaves too.
+    let past_claim = queues::PastClaim::new(past_claim);
+    // Told without waiting, like `Claimed`: if the channel is full, the slot frees with
+    // `Finished` instead.
+    let slot_freed = std::sync::atomic::AtomicBool::new(false);
+    // Should this task panic, its permit, gauge and Endpoint slot are given back on the way out.
+    let mut unfinished = Unfinished { endpoint, place: queued.place, slot_freed: &slot_freed, events: events.clone(), permit: Some(permit), metrics: runner.metrics.clone() };
     let claimed_events = events.clone();
-    let notify = move || {
-        if !counted_ref.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            past_claim_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+    let notify = || {
+        past_claim.enter();
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
         if let Some((partition, offset)) = queued.place {
             let _ = claimed_events.try_send(TaskEvent::Claimed { partition, offset });
         }
+        if task_panic.as_ref().is_some_and(|f| f.fires()) {
+            panic!("{} fired for Delivery {delivery}", failpoint::TASK_PANIC_ENV);
+        }
     };
-    // Told without waiting, like `Claimed`: if the channel is full, the slot frees with
-    // `Finished` instead.
-    let slot_freed = std::sync::atomic::AtomicBool::new(false);
     let sent_events = events.clone();
     let sent = || {
-        leave();
+        past_claim.leave();
         if sent_events.try_send(TaskEvent::Sent { endpoint }).is_ok() {
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
-    failpoint_task_panic(delivery);
     let (busy, released) = match runner.run(queued.hint, queued.received, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
@@ -390,31 +401,44 @@ async fn attempt_task(runner: Arc<Runner>, start: queues::Start, events: tokio::
             (None, None)
         }
     };
-    leave();
+    past_claim.leave();
     runner.metrics.in_flight.dec();
     // The permit goes back before the loop hears of the end, so that the Endpoint's next hint
     // can start at once.
-    drop(permit);
+    drop(unfinished.permit.take());
     let slot_freed = slot_freed.load(std::sync::atomic::Ordering::Relaxed);
     let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released, slot_freed }).await;
 }
 
-/// A fault for the chaos suite (`task_panic`): with `RAILHOOK_FAILPOINT_TASK_PANIC` set to a
-/// probability in (0, 1), or to N >= 1 (every Nth task), an attempt task panics before its
-/// claim, holding its Endpoint's slot in this worker's queue. Unset (always, outside that
-/// suite): nothing. Read once.
-fn failpoint_task_panic(delivery: railhook_core::DeliveryId) {
-    static FAILPOINT: std::sync::OnceLock<Option<(f64, std::sync::atomic::AtomicU64)>> = std::sync::OnceLock::new();
-    let Some((value, count)) = FAILPOINT.get_or_init(|| std::env::var("RAILHOOK_FAILPOINT_TASK_PANIC").ok().and_then(|v| v.trim().parse::<f64>().ok()).filter(|v| *v > 0.0).map(|v| (v, std::sync::atomic::AtomicU64::new(0)))) else {
-        return;
-    };
-    let fire = if *value < 1.0 {
-        rand::random::<f64>() < *value
-    } else {
-        (count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1).is_multiple_of(*value as u64)
-    };
-    if fire {
-        panic!("failpoint RAILHOOK_FAILPOINT_TASK_PANIC: attempt task for {delivery} panics");
+/// The drop guard of an attempt task that did not reach its end (it panicked, or was
+/// aborted): gives back its permit and in-flight gauge, and tells the consume loop that it
+/// finished, which frees its Endpoint's slot and stores its offset. The Delivery is treated
+/// as after a failed announcement: the sweeps find it. Disarmed by taking `permit`.
+struct Unfinished<'a> {
+    endpoint: EndpointId,
+    place: Option<(i32, i64)>,
+    slot_freed: &'a std::sync::atomic::AtomicBool,
+    events: tokio::sync::mpsc::Sender<TaskEvent>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    metrics: WorkerMetrics,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else { return };
+        drop(permit);
+        self.metrics.in_flight.dec();
+        self.metrics.task_panics.inc();
+        tracing::error!(endpoint = %self.endpoint, "an attempt task ended without finishing (panicked); its Endpoint slot is given back, the sweeps recover its Delivery");
+        let slot_freed = self.slot_freed.load(std::sync::atomic::Ordering::Relaxed);
+        let event = TaskEvent::Finished { endpoint: self.endpoint, place: self.place, busy: None, released: None, slot_freed };
+        // Without waiting (this is a drop); a full channel gets it from a task of its own.
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let events = self.events.clone();
+                runtime.spawn(async move { events.send(event).await });
+            }
+        }
     }
 }
 

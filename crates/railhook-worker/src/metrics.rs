@@ -27,6 +27,9 @@ pub struct WorkerMetrics {
     pub ordering_cursor_advances: IntCounter,
     /// Parked Deliveries released at once by their predecessor's finalise.
     pub ordering_released: IntCounter,
+    /// Ordered Deliveries claimed behind a predecessor this worker held, and sent on its
+    /// verdict without a round trip through Postgres (the Ordering Buffer, crate::ordering).
+    pub ordering_held: IntCounter,
     /// From a Delivery's first park to its claim, seconds.
     pub ordering_parked_seconds: Histogram,
     /// Deliveries parked in the Ordering Buffer now (sampled with the queue gauges).
@@ -41,6 +44,8 @@ pub struct WorkerMetrics {
     pub scheduled: IntCounter,
     pub swept: IntCounterVec,
     pub in_flight: IntGauge,
+    /// Attempt tasks that ended in a panic (their slot and permit were given back).
+    pub task_panics: IntCounter,
     /// Claims per `railhook_claim_batch` call.
     pub claim_batch_size: Histogram,
     pub finalise_batch_size: Histogram,
@@ -82,6 +87,7 @@ impl WorkerMetrics {
             ordering_gap_timeouts: counter("railhook_ordering_gap_timeout_total", "Ordered Deliveries sent without their predecessor once the gap timeout was over."),
             ordering_cursor_advances: counter("railhook_ordering_cursor_advances_total", "Ordered Deliveries that ended (delivered or Failed Messages), advancing their Endpoint's cursor."),
             ordering_released: counter("railhook_ordering_released_total", "Parked Deliveries released at once by the finalise of their predecessor."),
+            ordering_held: counter("railhook_ordering_held_total", "Ordered Deliveries claimed behind a predecessor the worker held, and sent on its verdict."),
             ordering_parked_seconds: Histogram::with_opts(
                 HistogramOpts::new("railhook_ordering_parked_seconds", "From an ordered Delivery's first park to its claim.")
                     .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
@@ -104,6 +110,7 @@ impl WorkerMetrics {
             )
             .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
+            task_panics: counter("railhook_worker_task_panics_total", "Attempt tasks that panicked (their Endpoint slot was given back; the sweeps recover the Delivery)."),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             delivery_wait: prometheus::Gauge::new("railhook_worker_delivery_wait_seconds", "How long a new Delivery would wait for its claim in this worker's queues that wait on the worker itself (ingest pacing's signal).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
@@ -125,6 +132,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.ordering_gap_timeouts.clone()))?;
         registry.register(Box::new(self.ordering_cursor_advances.clone()))?;
         registry.register(Box::new(self.ordering_released.clone()))?;
+        registry.register(Box::new(self.ordering_held.clone()))?;
         registry.register(Box::new(self.ordering_parked_seconds.clone()))?;
         registry.register(Box::new(self.ordering_parked.clone()))?;
         registry.register(Box::new(self.queue_waiting.clone()))?;
@@ -134,6 +142,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.scheduled.clone()))?;
         registry.register(Box::new(self.swept.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
+        registry.register(Box::new(self.task_panics.clone()))?;
         registry.register(Box::new(self.claim_batch_size.clone()))?;
         registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;

@@ -93,6 +93,41 @@ pub struct Start {
     pub past_claim: Arc<AtomicUsize>,
 }
 
+/// A task's place among its Endpoint's slots past their claim ([`Start::past_claim`]): in
+/// from [`Self::enter`] to [`Self::leave`], and out again when dropped, so a task that
+/// panics (or is aborted) between the two does not leave its Endpoint counted as busy in
+/// its own requests for good (ingest pacing would then never see that Endpoint's queue).
+/// Entering or leaving twice counts once.
+#[derive(Debug)]
+pub struct PastClaim {
+    count: Arc<AtomicUsize>,
+    counted: std::sync::atomic::AtomicBool,
+}
+
+impl PastClaim {
+    pub fn new(count: Arc<AtomicUsize>) -> PastClaim {
+        PastClaim { count, counted: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    pub fn enter(&self) {
+        if !self.counted.swap(true, Ordering::Relaxed) {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn leave(&self) {
+        if self.counted.swap(false, Ordering::Relaxed) {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for PastClaim {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
 /// What a `Busy` claim found taken, and so what the Endpoint waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BusyOn {
@@ -369,7 +404,7 @@ mod tests {
     }
 
     fn hint(offset: i64) -> Queued {
-        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None }, place: Some((0, offset)), received: None }
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None, announced_at: None }, place: Some((0, offset)), received: None }
     }
 
     #[test]
@@ -489,6 +524,28 @@ mod tests {
         assert_eq!(pump, vec![c, a], "c's slot freed: a, blocked first, tries first");
         assert_eq!(q.ready(a, 10, now).len(), 1);
         assert!(q.ready(b, 10, now).is_empty(), "b waits for the next slot");
+    }
+
+    #[test]
+    fn a_past_claim_place_counts_once_and_is_given_back_when_dropped() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let place = PastClaim::new(count.clone());
+        place.enter();
+        place.enter();
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+        place.leave();
+        place.leave();
+        assert_eq!(count.load(Ordering::Relaxed), 0);
+        // A task that panics while counted: the unwinding drops its place.
+        let panicking = PastClaim::new(count.clone());
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            panicking.enter();
+            assert_eq!(count.load(Ordering::Relaxed), 1);
+            panic!("the task panics past its claim");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(Arc::strong_count(&place.count), 1, "the panicking task's place is gone");
+        assert_eq!(place.count.load(Ordering::Relaxed), 0, "and it left the count");
     }
 
     /// One 100 ms window of an Endpoint in steady state: `n` requests end, as many waiting

@@ -61,7 +61,7 @@ pub async fn pressure(pool: &railhook_store::Pool, batch_size: i64) -> Option<Pr
     let max_backlog = 2 * batch_size.max(1);
     let client = pool.get().await.ok()?;
     let row = client.query_one(PRESSURE_SQL, &[&(max_backlog + 1_000)]).await.ok()?;
-    let (backlog, live_wait_ms): (i64, f64) = (row.get(0), row.get(1));
+    let (backlog, live_wait_ms): (i64, f64) = (row.try_get(0).ok()?, row.try_get(1).ok()?);
     if live_wait_ms > LIVE_WAIT_LIMIT.as_secs_f64() * 1000.0 {
         Some(Pressure::LiveWaiting(live_wait_ms))
     } else if backlog >= max_backlog {

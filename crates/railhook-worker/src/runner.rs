@@ -29,6 +29,7 @@ use crate::error::{ErrorKind, WorkerError};
 use crate::http::{self, AttemptOutcome, OutgoingRequest, Verdict};
 use crate::ladder::{self, Step};
 use crate::metrics::WorkerMetrics;
+use crate::ordering::{Held, OrderingBuffer, Resolution};
 use crate::queues::{BusyOn, ClaimMode};
 
 /// How a hint's task ended, and the parked successor its finalise released (ordering), which
@@ -70,6 +71,11 @@ pub struct AttemptSettings {
     pub retry_after_max: Duration,
     /// The outgoing hard cap, from the ladder's start.
     pub max_age: Duration,
+    /// The ordering gap timeout (a Delivery the Ordering Buffer gives back is parked with it).
+    pub ordering_gap_s: f64,
+    /// The longest a Delivery claimed behind its predecessor waits for the predecessor's
+    /// verdict (`worker.processing_timeout_seconds`: by then the stuck sweep takes over).
+    pub ordering_wait: Duration,
 }
 
 impl AttemptSettings {
@@ -77,6 +83,8 @@ impl AttemptSettings {
         AttemptSettings {
             retry_after_max: Duration::from_secs(w.retry_after_max_seconds),
             max_age: Duration::from_secs(w.outgoing_max_age_seconds),
+            ordering_gap_s: w.ordering_gap_timeout_seconds as f64,
+            ordering_wait: Duration::from_secs(w.processing_timeout_seconds),
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct Runner {
     /// This worker's Deliveries between the end of their request and their finalise's
     /// commit; the claimer shares it.
     pub finishing: Finishing,
+    /// The held Claims of ordered Deliveries and their resolutions; the claimer shares it.
+    pub ordering: OrderingBuffer,
     /// The database's clock: retries are timed on it (the claim compares them with `now()`).
     pub clock: crate::clock::DbClock,
 }
@@ -231,16 +241,27 @@ async fn connection(pool: &railhook_store::Pool) -> Result<deadpool_postgres::Ob
     pool.get().await.map_err(|e| WorkerError::unavailable("no Postgres connection from the pool", e))
 }
 
-pub fn claimer(pool: railhook_store::Pool, limits: lifecycle::Limits, metrics: WorkerMetrics, capacity: usize, finishing: Finishing) -> Claimer {
+pub fn claimer(pool: railhook_store::Pool, limits: lifecycle::Limits, metrics: WorkerMetrics, capacity: usize, finishing: Finishing, ordering: OrderingBuffer) -> Claimer {
     Batcher::start("claim", capacity, move |requests: Arc<[ClaimRequest]>| {
-        let (pool, metrics, finishing) = (pool.clone(), metrics.clone(), finishing.clone());
+        let (pool, metrics, finishing, ordering) = (pool.clone(), metrics.clone(), finishing.clone(), ordering.clone());
         async move {
             metrics.claim_batch_size.observe(requests.len() as f64);
             let client = connection(&pool).await?;
             // Read when the batch goes, not when its requests were made: a Delivery whose
             // finalise committed since is no longer PROCESSING, so naming it changes nothing.
             let finishing = finishing.snapshot();
-            lifecycle::claim_batch_finishing(&client, &requests, &limits, &finishing).await.map_err(|e| WorkerError::postgres("claim batch", e))
+            let mine = ordering.held();
+            let results = lifecycle::claim_batch_finishing(&client, &requests, &limits, &finishing, &mine).await.map_err(|e| WorkerError::postgres("claim batch", e))?;
+            // Held from here, before the answers go out: the next batch may claim their
+            // successors behind them (the task's `Held` guard lets each go).
+            for result in &results {
+                if let ClaimResult::Claimed(c) = result {
+                    if c.sequence_number.is_some() {
+                        ordering.hold(c.token);
+                    }
+                }
+            }
+            Ok(results)
         }
     })
 }
@@ -307,6 +328,24 @@ impl Runner {
         if let Some(received) = received {
             self.metrics.stages.observe(Stage::PollToClaim, claim_done - received);
         }
+        // The Ordering Buffer (crate::ordering): an ordered Claim is held until this task ends;
+        // one claimed behind its predecessor waits for that one's verdict before it is sent.
+        let held = claimed.sequence_number.map(|seq| self.ordering.guard(claimed.endpoint_id, seq, claimed.token));
+        if let (true, Some(seq)) = (claimed.behind, claimed.sequence_number) {
+            let resolution = tokio::select! {
+                r = self.ordering.wait(claimed.endpoint_id, seq - 1, self.settings.ordering_wait) => r,
+                _ = hard_stop.cancelled() => Resolution::Stop,
+            };
+            if resolution == Resolution::Stop {
+                // Parked in Postgres, as a claim would have parked it; `held` drops with
+                // `Stop` for whatever this worker holds behind it.
+                let client = connection(&self.pool).await?;
+                lifecycle::park_held(&client, claimed.id, claimed.token, self.settings.ordering_gap_s).await.map_err(|e| WorkerError::postgres("park a held Delivery", e))?;
+                self.metrics.deferrals.with_label_values(&[DeferralReason::Ordering.as_str()]).inc();
+                return Ok(Ran::Deferred.into());
+            }
+            self.metrics.ordering_held.inc();
+        }
         if claimed.gap_timeout {
             tracing::info!(delivery = %claimed.id, sequence = ?claimed.sequence_number, "ordering gap timeout: sent without its predecessor");
             self.metrics.ordering_gap_timeouts.inc();
@@ -314,7 +353,7 @@ impl Runner {
         if let Some(parked) = claimed.parked_at {
             self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
-        self.attempt(claimed, claim_done, sent_tx, &hard_stop).await
+        self.attempt(claimed, claim_done, held, sent_tx, &hard_stop).await
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
@@ -322,7 +361,7 @@ impl Runner {
     /// hard stop. Both waits hold the hint's offset: a crash meanwhile redelivers the hint,
     /// and so does a shutdown (the offset stays uncommitted).
     async fn claim(&self, hint: Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
-        let request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait };
+        let request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut failures = 0u32;
         loop {
@@ -353,7 +392,7 @@ impl Runner {
     }
 
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: Claimed, claim_done: Instant, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
+    async fn attempt(&self, claimed: Claimed, claim_done: Instant, mut held: Option<Held>, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
         let request = self.request(&claimed);
         let request_headers = http::recorded_headers(&request.headers, &[]);
         let sending = Instant::now();
@@ -375,6 +414,11 @@ impl Runner {
         sent_tx();
         let verdict = http::classify(&outcome);
         let (next, ran) = self.next(&claimed, &verdict);
+        // The successor held behind this one may go now, before this finalise: delivered or
+        // in Failed Messages is the end of it either way (crate::ordering).
+        if let Some(held) = held.as_mut() {
+            held.resolve(if matches!(ran, Ran::Delivered | Ran::Failed) { Resolution::Go } else { Resolution::Stop });
+        }
         self.metrics.attempt(&outcome);
         // The circuit counts an answer that asks for a retry as a failure; any other answer,
         // even a 4xx, shows the endpoint is up.

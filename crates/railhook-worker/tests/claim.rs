@@ -15,7 +15,7 @@ fn limits(endpoint: i32, project: i32) -> Limits {
 
 fn first(delivery: &str) -> ClaimRequest {
     let id: railhook_core::DeliveryId = delivery.parse().unwrap();
-    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false }
+    ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None }
 }
 
 fn kinds(results: &[ClaimResult]) -> Vec<String> {
@@ -132,8 +132,8 @@ async fn an_invisible_delivery_is_missing_until_its_commit_is_visible() {
     let late = Uuid::new_v4();
     let done_id: railhook_core::DeliveryId = done.parse().unwrap();
     railhook_testkit::relay::insert_delivery_copy(&writer, late, done_id.0).await;
-    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None, wait: false };
-    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: false }], &limits(0, 0)).await.unwrap();
+    let late_request = ClaimRequest { delivery: DeliveryId(late), token: ClaimToken::new(), hint: None, wait: false, announced_at: None };
+    let results = store::claim_batch(&client, &[late_request, first(&done), ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None }], &limits(0, 0)).await.unwrap();
     assert_eq!(kinds(&results), ["missing", "none", "missing"]);
     writer.batch_execute("COMMIT").await.unwrap();
     let results = store::claim_batch(&client, &[late_request], &limits(0, 0)).await.unwrap();
@@ -188,13 +188,13 @@ async fn claims_whose_request_ended_do_not_count_against_the_limits() {
     }).collect();
 
     // Both slots in use: busy, whatever a stranger's token says.
-    let busy = store::claim_batch_finishing(&client, &requests[2..3], &limits(2, 0), &[ClaimToken::new()]).await.unwrap();
+    let busy = store::claim_batch_finishing(&client, &requests[2..3], &limits(2, 0), &[ClaimToken::new()], &[]).await.unwrap();
     assert_eq!(kinds(&busy), ["busy:endpoint_concurrency"]);
     // One of them is finishing: one slot for the next claim, not two.
-    let next = store::claim_batch_finishing(&client, &requests[2..4], &limits(2, 0), &tokens[..1]).await.unwrap();
+    let next = store::claim_batch_finishing(&client, &requests[2..4], &limits(2, 0), &tokens[..1], &[]).await.unwrap();
     assert_eq!(kinds(&next), ["claimed", "busy:endpoint_concurrency"]);
     // The project's limit (3: three PROCESSING now) leaves them out too.
-    let project = store::claim_batch_finishing(&client, &requests[3..4], &limits(0, 3), &tokens).await.unwrap();
+    let project = store::claim_batch_finishing(&client, &requests[3..4], &limits(0, 3), &tokens, &[]).await.unwrap();
     assert_eq!(kinds(&project), ["claimed"]);
     let processing: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
     assert_eq!(processing, 4);

@@ -6,7 +6,7 @@
 use chrono::Utc;
 use railhook_testkit::relay::Fixture;
 use railhook_testkit::TestDb;
-use railhook_core::{ClaimToken, ProjectId};
+use railhook_core::ClaimToken;
 use railhook_store::lifecycle::{self as store, AttemptRecord, Circuit, ClaimRequest, ClaimResult, Claimed, FinaliseRequest, Limits, Next};
 use uuid::Uuid;
 
@@ -32,7 +32,7 @@ async fn setup(endpoints: usize, events: usize) -> (TestDb, railhook_store::Pool
     for _ in 0..events {
         for d in fixture.ingest(&pool, "order.created").await {
             let id: railhook_core::DeliveryId = d.parse().unwrap();
-            requests.push(ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false });
+            requests.push(ClaimRequest { delivery: id, token: ClaimToken::new(), hint: None, wait: false, announced_at: None });
         }
     }
     let pooled = pool.get().await.unwrap();
@@ -84,7 +84,7 @@ async fn a_batch_writes_every_attempt_and_changes_only_the_deliveries_it_holds()
     assert_eq!(next.map(|t| t.timestamp_millis()), Some(retry_at.timestamp_millis()));
     // Three outcomes counted (the fenced-out one is not), on the endpoints they belong to.
     let counted: Vec<(Uuid, i32, i32)> = client
-        .query("SELECT endpoint_id, successes, failures FROM endpoint_circuits ORDER BY endpoint_id", &[])
+        .query("SELECT endpoint_id, successes, failures FROM circuits ORDER BY endpoint_id", &[])
         .await
         .unwrap()
         .iter()
@@ -111,7 +111,7 @@ async fn failures_in_one_batch_open_the_circuit_once() {
     // The endpoint's four failures are recorded at once (one circuit update per endpoint and
     // batch): past the minimum volume, it opens, reported once, on the endpoint's last row.
     assert_eq!(changes, vec![None, None, None, Some("opened".to_string())]);
-    let state: String = pool.get().await.unwrap().query_one("SELECT state FROM endpoint_circuits", &[]).await.unwrap().get(0);
+    let state: String = pool.get().await.unwrap().query_one("SELECT state FROM circuits", &[]).await.unwrap().get(0);
     assert_eq!(state, "open");
     assert!(out.iter().all(|f| f.wrote));
 }
@@ -139,7 +139,7 @@ async fn concurrent_batches_over_the_same_endpoints_finish() {
     let client = pool.get().await.unwrap();
     let done: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'SUCCESS'", &[]).await.unwrap().get(0);
     assert_eq!(done as usize, claimed.len());
-    let counted: i64 = client.query_one("SELECT sum(successes) FROM endpoint_circuits", &[]).await.unwrap().get(0);
+    let counted: i64 = client.query_one("SELECT sum(successes) FROM circuits", &[]).await.unwrap().get(0);
     assert_eq!(counted as usize, claimed.len());
 }
 
@@ -162,8 +162,8 @@ async fn an_attempt_whose_delivery_is_gone_fails_nothing_and_a_repeat_records_no
 }
 
 /// The worker's Finaliser: a batch that Postgres refuses because of one request (here an
-/// Attempt naming a project that does not exist) is made again request by request, so only
-/// that request fails.
+/// Attempt whose error text holds a NUL byte, which Postgres' text refuses) is made again
+/// request by request, so only that request fails.
 #[tokio::test]
 async fn a_refused_batch_is_made_again_one_by_one() {
     let (db, pool, claimed) = setup(1, 3).await;
@@ -171,7 +171,7 @@ async fn a_refused_batch_is_made_again_one_by_one() {
     let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
     let finaliser = railhook_worker::runner::finaliser(pool.clone(), circuit, metrics.clone(), 16);
     let mut requests: Vec<FinaliseRequest> = claimed.iter().map(|c| FinaliseRequest::new(c, Next::Success, None, record(200), true)).collect();
-    requests[1].project_id = ProjectId(Uuid::new_v4());
+    requests[1].attempt.error_message = Some("a NUL \u{0} byte".into());
     // Sent together, so the three form one batch.
     let (a, b, c) = tokio::join!(finaliser.call(requests[0].clone()), finaliser.call(requests[1].clone()), finaliser.call(requests[2].clone()));
     assert!(a.expect("first").wrote);

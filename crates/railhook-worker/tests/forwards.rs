@@ -164,8 +164,13 @@ async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
     // A port nobody listens on for the outage: connection refused, retried on the ladder.
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     // The incoming ladder shortened by configuration (10 s waits, 31 Attempts: at least
-    // 150 s of retries, longer than the outage).
-    let sys = System::start(|c| c.worker.incoming_retry_delays_seconds = vec![10; 30]).await;
+    // 150 s of retries, longer than the outage). The Destination's circuit opens on the first
+    // failures; with a 5 s cool-down its probe finds the Destination back within 5 s.
+    let sys = System::start(|c| {
+        c.worker.incoming_retry_delays_seconds = vec![10; 30];
+        c.worker.circuit_cooldown_seconds = 5;
+    })
+    .await;
     let (project, src) = source(&sys.pool).await;
     for path in ["a", "b"] {
         destination(&sys.pool, project, src, &format!("http://{addr}/{path}"), DestinationAuth::None).await;
@@ -389,5 +394,67 @@ async fn a_5xx_is_retried_on_the_ladder_with_the_same_idempotency_key() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(results, [(1, Some(500)), (2, Some(500)), (3, Some(200))]);
+    sys.stop().await;
+}
+
+/// A Destination that is down gets the Endpoints' circuit breaker (issue 31): with both
+/// behind one receiver that answers 503 for 60 s while 5 Forwards and 5 Deliveries a second
+/// arrive (both on a ladder of 1, 1, 2, 3, 5, 8 and then 10 s, as in the chaos suite), the
+/// breaker's default settings (20 outcomes, half of them failures, 30 s cool-down) hold the
+/// Destination to about as many requests as the Endpoint. Without a breaker each Forward
+/// went on down its ladder: 1,500 and more requests in the same minute.
+#[tokio::test]
+async fn a_destination_that_is_down_is_held_off_by_its_circuit_like_an_endpoint() {
+    const OUTAGE: Duration = Duration::from_secs(60);
+    let ladder: Vec<i32> = [1, 1, 2, 3, 5, 8].into_iter().chain(std::iter::repeat_n(10, 13)).collect();
+    let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (receiver, base) = {
+        let down = down.clone();
+        Receiver::start(move |_, _| if down.load(std::sync::atomic::Ordering::Relaxed) { Act::Status(503) } else { Act::Status(200) }).await
+    };
+    let sys = {
+        let ladder = ladder.clone();
+        System::start(move |c| c.worker.incoming_retry_delays_seconds = ladder).await
+    };
+    let (project, src) = source(&sys.pool).await;
+    destination(&sys.pool, project, src, &format!("{base}/destination"), DestinationAuth::None).await;
+    let (fixture, _) = railhook_testkit::relay::Fixture::create_with(&sys.client, &[format!("{base}/endpoint")], &spec(&ladder, 20, 10)).await;
+
+    let started = Instant::now();
+    let (mut forwards, mut deliveries) = (Vec::new(), Vec::new());
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    while started.elapsed() < OUTAGE {
+        tick.tick().await;
+        forwards.extend(ingress(&sys.pool, project, src, &[], b"{}", Some("application/json")).await.1.into_iter().map(|(f, _)| f));
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    let (to_destination, to_endpoint) = (receiver.hits("/destination").len(), receiver.hits("/endpoint").len());
+    down.store(false, std::sync::atomic::Ordering::Relaxed);
+    let up = Instant::now();
+    for id in &forwards {
+        wait_forward(&sys.client, *id, "SUCCESS", Duration::from_secs(120)).await;
+    }
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(120)).await;
+    }
+    let m = &sys.worker.metrics;
+    let deferred = |o: &str| m.forwards.claims.with_label_values(&[o]).get();
+    println!(
+        "{OUTAGE:?} down, {} Forwards and {} Deliveries: {to_destination} requests to the Destination, {to_endpoint} to the Endpoint; \
+         Forward claims deferred circuit_open {}, circuit_half_open {}; circuit changes {:?}; all delivered {:?} after the receiver came back",
+        forwards.len(),
+        deliveries.len(),
+        deferred("circuit_open"),
+        deferred("circuit_half_open"),
+        ["opened", "reopened", "closed"].map(|c| (c, m.forwards.circuit_changes.with_label_values(&[c]).get())),
+        up.elapsed(),
+    );
+    assert!(m.forwards.circuit_changes.with_label_values(&["opened"]).get() >= 1, "the Destination's circuit opened");
+    assert!(m.forwards.circuit_changes.with_label_values(&["closed"]).get() >= 1, "and closed once the Destination was back");
+    assert!(deferred("circuit_open") > 0, "Forwards waited for the cool-down without spending an Attempt");
+    assert!(
+        to_destination <= 2 * to_endpoint + 20 && to_destination < 200,
+        "the Destination took {to_destination} requests in the outage, the Endpoint {to_endpoint}"
+    );
     sys.stop().await;
 }

@@ -36,7 +36,7 @@ async fn a_disabled_endpoint_is_deferred_by_the_claim_itself() {
     admin.execute("UPDATE endpoints SET enabled = false WHERE id = $1", &[&fixture.endpoints[0].0]).await.unwrap();
     let requests: Vec<ClaimRequest> = deliveries
         .iter()
-        .map(|d| ClaimRequest { delivery: d.parse::<DeliveryId>().unwrap(), token: ClaimToken::new(), hint: None, wait: false })
+        .map(|d| ClaimRequest { delivery: d.parse::<DeliveryId>().unwrap(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None })
         .collect();
     let results = lifecycle::claim_batch(&pool.get().await.unwrap(), &requests, &LIMITS).await.unwrap();
     let mut deferred = 0;

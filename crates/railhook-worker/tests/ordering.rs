@@ -114,13 +114,23 @@ async fn a_poisoned_event_holds_its_successors_for_the_gap_timeout_only() {
     sys.stop().await;
 }
 
-/// The Delivery API shows the Sequence Number and whether, and since when, it is parked.
+/// The Delivery API shows the Sequence Number and whether, and since when, it is parked: a
+/// Delivery whose predecessor another worker holds (here, the test itself) parks in Postgres.
 #[tokio::test]
 async fn a_parked_delivery_shows_when_it_was_parked() {
     let (_receiver, base) = Receiver::start(|_, _| Act::Hang).await;
     let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 600).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/slow")], &ordered(&[1], 5)).await;
+    // The first Delivery is claimed by someone else than the worker: the worker is stopped
+    // meanwhile, and started again once the claim is made.
+    sys.worker.shutdown.cancel();
+    eventually(Duration::from_secs(30), "the worker to stop", || async { sys.worker.task.is_finished().then_some(()) }).await;
     let a = fixture.ingest(&sys.pool, "order.created").await.remove(0);
+    let limits = railhook_store::lifecycle::Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 600.0, synchronous_commit: true };
+    let request = railhook_store::lifecycle::ClaimRequest { delivery: a.parse().unwrap(), token: railhook_core::ClaimToken::new(), hint: None, wait: false, announced_at: None };
+    let claimed = railhook_store::lifecycle::claim_batch(&sys.pool.get().await.unwrap(), &[request], &limits).await.unwrap();
+    assert!(matches!(claimed[0], railhook_store::lifecycle::ClaimResult::Claimed(_)), "{claimed:?}");
+    let worker = Worker::start(&sys.config);
     let b = fixture.ingest(&sys.pool, "order.paid").await.remove(0);
     let b_id: railhook_core::DeliveryId = b.parse().unwrap();
     let parked: chrono::DateTime<chrono::Utc> = eventually(Duration::from_secs(30), "the second Delivery to be parked", || async {
@@ -132,6 +142,41 @@ async fn a_parked_delivery_shows_when_it_was_parked() {
     assert_eq!(delivery.sequence_number, Some(2));
     assert_eq!(delivery.parked_since, Some(parked));
     assert_eq!(sys.status(&a).await.0, "PROCESSING");
+    assert_eq!(worker.metrics.ordering_held.get(), 0, "not held: its predecessor is not this worker's");
+    worker.stop().await;
+    sys.stop().await;
+}
+
+/// The worker's Ordering Buffer (issue 30): an ordered burst is claimed ahead, behind the
+/// predecessors the worker holds, and each is sent the moment its predecessor was answered,
+/// not parked in Postgres and released by the predecessor's finalise. A predecessor that goes
+/// back on its ladder stops what was held behind it: parked in Postgres (no Attempt spent),
+/// then released by its predecessor's finalise, in order.
+#[tokio::test]
+async fn an_ordered_burst_is_held_in_the_worker_and_sent_in_order() {
+    // Each answer takes 5 ms, so the burst queues up behind the Endpoint; the 151st request
+    // fails once (a 500): Sequence Number 151 goes back on its 1 s ladder. What was held
+    // behind it is parked, and from there each is released by its predecessor's finalise
+    // (the Postgres path, one at a time).
+    let (receiver, base) = Receiver::start(|_, n| if n == 150 { Act::Status(500) } else { Act::Slow(Duration::from_millis(5), 200) }).await;
+    let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 600).await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/held")], &ordered(&[1], 5)).await;
+    let mut deliveries = Vec::new();
+    for _ in 0..200 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.updated").await);
+    }
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let failed: HashSet<usize> = [150].into();
+    let order = applied(&receiver, "/held", &failed);
+    assert_eq!(order, (1..=200).collect::<Vec<u64>>(), "applied in order, each once");
+    let m = &sys.worker.metrics;
+    assert!(m.ordering_held.get() >= 100, "most of the burst went behind a held predecessor: {}", m.ordering_held.get());
+    assert!(m.deferrals.with_label_values(&["ordering"]).get() >= 1, "what was held behind the failed one was parked");
+    assert_eq!(m.ordering_gap_timeouts.get(), 0);
+    let attempts: i64 = sys.client.query_one("SELECT count(*) FROM attempts", &[]).await.unwrap().get(0);
+    assert_eq!(attempts, 201, "one Attempt each, and one more for the retried one: parking spends none");
     sys.stop().await;
 }
 

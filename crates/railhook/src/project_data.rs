@@ -239,7 +239,7 @@ pub async fn export(client: &mut Client, project: ProjectId, w: &mut impl Write,
                 break;
             }
             for row in &rows {
-                let text: &str = row.get(0);
+                let text: &str = row.try_get(0)?;
                 let line = export_line(kind.kind, text)?;
                 w.write_all(line.as_bytes()).context("writing the export")?;
                 w.write_all(b"\n").context("writing the export")?;
@@ -421,7 +421,7 @@ async fn repeat(client: &Client, sql: &str, project: ProjectId, batch: i64) -> a
     let statement = client.prepare(sql).await.with_context(|| format!("preparing {sql}"))?;
     let mut total = 0u64;
     loop {
-        let n: i64 = client.query_one(&statement, &[&project, &batch]).await.with_context(|| format!("erasing: {sql}"))?.get(0);
+        let n: i64 = client.query_one(&statement, &[&project, &batch]).await.with_context(|| format!("erasing: {sql}"))?.try_get(0)?;
         total += n as u64;
         if n == 0 {
             return Ok(total);
@@ -442,14 +442,14 @@ async fn other_tables(client: &Client) -> anyhow::Result<Vec<String>> {
             &[&KNOWN],
         )
         .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?)
 }
 
 async fn repeat_other(client: &Client, table: &str, project: ProjectId, batch: i64) -> anyhow::Result<u64> {
     let has_id: bool = client
         .query_one("SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1 AND column_name = 'id')", &[&table])
         .await?
-        .get(0);
+        .try_get(0)?;
     let t = format!("\"{}\"", table.replace('"', "\"\""));
     // By id where there is one (unique across partitions); otherwise by ctid, still within
     // the project's rows.
@@ -466,8 +466,8 @@ async fn delivery_batch(client: &Client, project: ProjectId, batch: i64) -> anyh
             .query("SELECT id FROM deliveries WHERE project_id = $1 ORDER BY project_id, created_at, id LIMIT $2", &[&project, &batch])
             .await?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
         if ids.is_empty() {
             return Ok::<_, anyhow::Error>((0, 0));
         }
@@ -488,12 +488,12 @@ async fn incoming_batch(client: &Client, project: ProjectId, batch: i64) -> anyh
             .query("SELECT id FROM incoming_events WHERE project_id = $1 ORDER BY project_id, id LIMIT $2", &[&project, &(batch / 10 + 1)])
             .await?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
         if ids.is_empty() {
             return Ok::<_, anyhow::Error>((0, 0, 0));
         }
-        let forwards: Vec<Uuid> = client.query("SELECT id FROM forwards WHERE incoming_event_id = ANY($1)", &[&ids]).await?.iter().map(|r| r.get(0)).collect();
+        let forwards: Vec<Uuid> = client.query("SELECT id FROM forwards WHERE incoming_event_id = ANY($1)", &[&ids]).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
         let attempts = client.execute("DELETE FROM attempts WHERE forward_id = ANY($1)", &[&forwards]).await?;
         let forwards = client.execute("DELETE FROM forwards WHERE id = ANY($1)", &[&forwards]).await?;
         let incoming = client.execute("DELETE FROM incoming_events WHERE id = ANY($1)", &[&ids]).await?;

@@ -46,7 +46,7 @@ async fn seed(client: &tokio_postgres::Client, name: &str, deliveries: i64) -> U
     let headers = serde_json::json!({"Authorization": HEADER_VALUE});
     client.execute("INSERT INTO endpoints (id, project_id, url, headers) VALUES ($1, $2, 'https://example.com/hook', $3)", &[&endpoint, &project, &headers]).await.unwrap();
     client.execute("INSERT INTO endpoint_secrets (id, endpoint_id, secret) VALUES ($1, $2, $3)", &[&Uuid::now_v7(), &endpoint, &ENDPOINT_SECRET]).await.unwrap();
-    client.execute("INSERT INTO endpoint_circuits (endpoint_id) VALUES ($1)", &[&endpoint]).await.unwrap();
+    client.execute("INSERT INTO circuits (endpoint_id) VALUES ($1)", &[&endpoint]).await.unwrap();
     client.execute("INSERT INTO endpoint_ordering (endpoint_id) VALUES ($1)", &[&endpoint]).await.unwrap();
     client.execute("INSERT INTO claim_rates (kind, id, window_start, used) VALUES ('endpoint', $1, now(), 1), ('project', $2, now(), 1)", &[&endpoint, &project]).await.unwrap();
     let subscription = Uuid::now_v7();
@@ -95,6 +95,7 @@ async fn seed(client: &tokio_postgres::Client, name: &str, deliveries: i64) -> U
         )
         .await
         .unwrap();
+    client.execute("INSERT INTO circuits (destination_id) VALUES ($1)", &[&destination]).await.unwrap();
     let incoming = Uuid::now_v7();
     client
         .execute(
@@ -124,7 +125,7 @@ async fn seed(client: &tokio_postgres::Client, name: &str, deliveries: i64) -> U
 
 /// The tables [`seed`] fills (with or without a `project_id` column).
 const SEEDED: &[&str] = &[
-    "api_keys", "endpoints", "endpoint_secrets", "endpoint_circuits", "claim_rates", "subscriptions", "events", "deliveries", "attempts", "outbox",
+    "api_keys", "endpoints", "endpoint_secrets", "circuits", "claim_rates", "subscriptions", "events", "deliveries", "attempts", "outbox",
     "replays", "sources", "source_retired_secrets", "destinations", "incoming_events", "forwards", "projects",
 ];
 
@@ -216,7 +217,11 @@ async fn rows_of(client: &tokio_postgres::Client, project: Uuid) -> BTreeMap<Str
     for (name, sql) in [
         ("projects", "SELECT count(*) FROM projects WHERE id = $1"),
         ("endpoint_secrets", "SELECT count(*) FROM endpoint_secrets WHERE endpoint_id IN (SELECT id FROM endpoints WHERE project_id = $1)"),
-        ("endpoint_circuits", "SELECT count(*) FROM endpoint_circuits WHERE endpoint_id IN (SELECT id FROM endpoints WHERE project_id = $1)"),
+        (
+            "circuits",
+            "SELECT count(*) FROM circuits WHERE endpoint_id IN (SELECT id FROM endpoints WHERE project_id = $1)
+                OR destination_id IN (SELECT id FROM destinations WHERE project_id = $1)",
+        ),
         ("source_retired_secrets", "SELECT count(*) FROM source_retired_secrets WHERE source_id IN (SELECT id FROM sources WHERE project_id = $1)"),
         ("claim_rates", "SELECT count(*) FROM claim_rates WHERE id = $1 OR (kind = 'endpoint' AND id NOT IN (SELECT id FROM endpoints))"),
     ] {

@@ -35,6 +35,10 @@ pub struct Claimed {
     pub parked_at: Option<DateTime<Utc>>,
     /// Claimed without its predecessor: the ordering gap timeout was over.
     pub gap_timeout: bool,
+    /// Claimed behind its predecessor, which the claiming worker holds (`p_mine`): the
+    /// worker's Ordering Buffer sends it only once the predecessor's Attempt ended in a
+    /// final verdict, and otherwise parks it ([`park_held`]).
+    pub behind: bool,
 }
 
 /// The Attempt's details, read once the claim succeeded (by id and the new token).
@@ -58,9 +62,9 @@ JOIN endpoints ep ON ep.id = c.endpoint_id";
 /// that wrote anything.
 fn claim_sql(synchronous_commit: bool) -> &'static str {
     if synchronous_commit {
-        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
     } else {
-        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+        "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
          WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
     }
 }
@@ -123,6 +127,10 @@ pub struct ClaimRequest {
     /// The waiting mode: a concurrency or rate limit answers [`ClaimResult::Busy`] instead of
     /// a Deferral (the worker's per-Endpoint queue waits it out).
     pub wait: bool,
+    /// When the hint's announcement was committed (the relay's `commit_time_us` header), if
+    /// known: tells a retry's hint that overtook the scheduler's commit ([`ClaimResult::Missing`])
+    /// from a stale one ([`ClaimResult::Nothing`]).
+    pub announced_at: Option<DateTime<Utc>>,
 }
 
 /// 6.1 with the admission checks, for many Deliveries at once: `railhook_claim_batch`
@@ -134,19 +142,21 @@ pub struct ClaimRequest {
 /// of `requests`. Every PROCESSING row counts against the concurrency limits; see
 /// [`claim_batch_finishing`].
 pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits: &Limits) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
-    claim_batch_finishing(db, requests, limits, &[]).await
+    claim_batch_finishing(db, requests, limits, &[], &[]).await
 }
 
 /// [`claim_batch`] for a worker whose Claims in `finishing` have had their HTTP request end
 /// and wait for their finalise's commit: those PROCESSING rows do not count against the
 /// concurrency limits (they no longer hold a receiver's connection). Only the caller's own
 /// Claims whose request is over may be named: the limits then bound requests in flight across
-/// every worker (`rules.sql`, `p_finishing`).
+/// every worker (`rules.sql`, `p_finishing`). `mine`: the caller's Claims of ordered
+/// Deliveries, behind which their successors may be claimed ([`Claimed::behind`]).
 pub async fn claim_batch_finishing<C: Prepared>(
     db: &C,
     requests: &[ClaimRequest],
     limits: &Limits,
     finishing: &[ClaimToken],
+    mine: &[ClaimToken],
 ) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     if requests.is_empty() {
         return Ok(Vec::new());
@@ -157,9 +167,10 @@ pub async fn claim_batch_finishing<C: Prepared>(
     let tokens: Vec<ClaimToken> = requests.iter().map(|r| r.token).collect();
     let hints: Vec<Option<ClaimToken>> = requests.iter().map(|r| r.hint).collect();
     let waits: Vec<bool> = requests.iter().map(|r| r.wait).collect();
-    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
+    let announced: Vec<Option<DateTime<Utc>>> = requests.iter().map(|r| r.announced_at).collect();
+    let claim_params: [&(dyn tokio_postgres::types::ToSql + Sync); 13] = [
         &deliveries, &tokens, &hints, &limits.endpoint_concurrency, &limits.project_concurrency, &limits.project_rate,
-        &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits, &limits.ordering_gap_s, &finishing,
+        &limits.circuit_cooldown_s, &limits.probe_timeout_s, &waits, &limits.ordering_gap_s, &finishing, &announced, &mine,
     ];
     let read_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&deliveries, &tokens];
     // Both sent before either answer arrives (tokio-postgres pipelines queries polled
@@ -167,19 +178,20 @@ pub async fn claim_batch_finishing<C: Prepared>(
     // runs after the claim committed.
     let (outcomes, rows) = tokio::join!(db.query(&claim, &claim_params), db.query(&read, &read_params));
     let (outcomes, rows) = (outcomes?, rows?);
-    let mut claimed: std::collections::HashMap<ClaimToken, Claimed> = rows.iter().map(|r| (r.get::<_, ClaimToken>(17), claimed_row(r))).collect();
+    let mut claimed: std::collections::HashMap<ClaimToken, Claimed> = rows.iter().map(|r| Ok((r.try_get::<_, ClaimToken>(17)?, claimed_row(r)?))).collect::<Result<_, tokio_postgres::Error>>()?;
     let mut results: Vec<ClaimResult> = vec![ClaimResult::Nothing; requests.len()];
     for row in outcomes {
-        let (idx, outcome): (i32, String) = (row.get(0), row.get(1));
+        let (idx, outcome): (i32, String) = (row.try_get(0)?, row.try_get(1)?);
         let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
         results[i] = match outcome.as_str() {
             "none" => ClaimResult::Nothing,
             "missing" => ClaimResult::Missing,
             // Claimed and read back; a row gone between the two statements (swept) claims
             // nothing.
-            "claimed" | "claimed:gap" => match claimed.remove(&requests[i].token) {
+            "claimed" | "claimed:gap" | "claimed:behind" => match claimed.remove(&requests[i].token) {
                 Some(mut c) => {
                     c.gap_timeout = outcome == "claimed:gap";
+                    c.behind = outcome == "claimed:behind";
                     ClaimResult::Claimed(Box::new(c))
                 }
                 None => ClaimResult::Nothing,
@@ -198,27 +210,36 @@ pub async fn claim_batch_finishing<C: Prepared>(
     Ok(results)
 }
 
-fn claimed_row(r: &tokio_postgres::Row) -> Claimed {
-    Claimed {
-        id: r.get(0),
-        project_id: r.get(1),
-        event_id: r.get(2),
-        endpoint_id: r.get(3),
-        token: r.get(17),
-        attempt_count: r.get(4),
-        max_attempts: r.get(5),
-        retry_delays: r.get(6),
-        timeout_seconds: r.get(7),
-        sequence_number: r.get(8),
-        ladder_started_at: r.get(9),
-        event_type: r.get(10),
-        event_created_at: r.get(11),
-        payload: r.get(12),
-        url: r.get(13),
-        enabled: r.get(14),
-        headers: r.get(15),
-        secrets: r.get(16),
-        parked_at: r.get(18),
+fn claimed_row(r: &tokio_postgres::Row) -> Result<Claimed, tokio_postgres::Error> {
+    Ok(Claimed {
+        id: r.try_get(0)?,
+        project_id: r.try_get(1)?,
+        event_id: r.try_get(2)?,
+        endpoint_id: r.try_get(3)?,
+        token: r.try_get(17)?,
+        attempt_count: r.try_get(4)?,
+        max_attempts: r.try_get(5)?,
+        retry_delays: r.try_get(6)?,
+        timeout_seconds: r.try_get(7)?,
+        sequence_number: r.try_get(8)?,
+        ladder_started_at: r.try_get(9)?,
+        event_type: r.try_get(10)?,
+        event_created_at: r.try_get(11)?,
+        payload: r.try_get(12)?,
+        url: r.try_get(13)?,
+        enabled: r.try_get(14)?,
+        headers: r.try_get(15)?,
+        secrets: r.try_get(16)?,
+        parked_at: r.try_get(18)?,
         gap_timeout: false,
-    }
+        behind: false,
+    })
+}
+
+/// Gives back a Delivery the worker's Ordering Buffer held behind a predecessor that did not
+/// end in a final verdict: PENDING and parked, as a claim would have parked it, no Attempt
+/// spent; only while `token` holds it (`railhook_park_held`). Whether it wrote.
+pub async fn park_held<C: Prepared>(db: &C, delivery: DeliveryId, token: ClaimToken, ordering_gap_s: f64) -> Result<bool, tokio_postgres::Error> {
+    let statement = db.prepare_cached("SELECT railhook_park_held($1, $2, $3)").await?;
+    db.query_one(&statement, &[&delivery, &token, &ordering_gap_s]).await?.try_get(0)
 }

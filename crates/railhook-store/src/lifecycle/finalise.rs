@@ -154,15 +154,15 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
         .await?;
     let mut out = vec![Finalised { wrote: false, circuit: None, released: None }; requests.len()];
     for row in rows {
-        let Some(at) = usize::try_from(row.get::<_, i32>(0)).ok().and_then(|i| i.checked_sub(1)).and_then(|i| order.get(i)) else { continue };
-        let circuit = row.get::<_, Option<&str>>(2).and_then(|c| match c.parse::<CircuitChange>() {
+        let Some(at) = usize::try_from(row.try_get::<_, i32>(0)?).ok().and_then(|i| i.checked_sub(1)).and_then(|i| order.get(i)) else { continue };
+        let circuit = row.try_get::<_, Option<&str>>(2)?.and_then(|c| match c.parse::<CircuitChange>() {
             Ok(change) => Some(change),
             Err(e) => {
                 tracing::error!(error = %e, "finalise: unknown circuit change");
                 None
             }
         });
-        out[*at] = Finalised { wrote: row.get(1), circuit, released: row.get(3) };
+        out[*at] = Finalised { wrote: row.try_get(1)?, circuit, released: row.try_get(3)? };
     }
     Ok(out)
 }

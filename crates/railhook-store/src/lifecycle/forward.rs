@@ -16,18 +16,26 @@
 //!   second (`claimed_at`, kept after the finalise) plus those admitted earlier in the same
 //!   batch; over it, the Forward is deferred by 1 s. Exact within one claim statement (one
 //!   worker's claims go through one batching task, so one worker never exceeds it); two
-//!   workers' statements that overlap may each admit up to the limit in the same second.
+//!   workers' statements that overlap may each admit up to the limit in the same second;
+//! - the Destination's **circuit breaker**, the Endpoints' own (`railhook_circuit_admit`,
+//!   `railhook_circuit_take_probe` and `railhook_circuit_record_batch` in `rules.sql`, the
+//!   same `worker.circuit_*` settings): while open the Forward waits for the cool-down's end,
+//!   while a probe is in flight 1 s; the first claim after the cool-down is the probe (one per
+//!   statement and Destination), whose outcome closes or reopens the circuit. The finalise
+//!   records each Attempt's outcome (an answer that asks for a retry is a failure). Two
+//!   workers' statements that overlap after a cool-down may each send a probe; the circuit
+//!   follows the later one.
 
 use chrono::{DateTime, Utc};
-use railhook_core::{AnnouncementReason, AttemptId, ClaimToken, DeliveryStatus, DestinationId, ForwardId, IncomingEventId, ProjectId, SourceId};
+use railhook_core::{AnnouncementReason, AttemptId, CircuitChange, ClaimToken, DeliveryStatus, DestinationId, ForwardId, IncomingEventId, ProjectId, SourceId};
 use serde::Serialize;
 use tokio_postgres::types::Json;
 use tokio_postgres::{GenericClient, Row};
 use uuid::Uuid;
 
-use super::finalise::{AttemptRecord, Next};
+use super::finalise::{AttemptRecord, Circuit, Next};
 use super::manual::SkipReason;
-use super::Prepared;
+use super::{Limits, Prepared};
 use crate::incoming::{ForwardToSend, FORWARD_TIMEOUT_SECONDS, INCOMING_DELAYS, INCOMING_MAX_ATTEMPTS};
 use crate::sources::{destination_from, DESTINATION_COLUMNS};
 use crate::StoreError;
@@ -52,6 +60,10 @@ pub struct ForwardClaim {
 pub enum ForwardDeferral {
     DestinationDisabled,
     DestinationRate,
+    /// The Destination's circuit is open: until its cool-down ends.
+    CircuitOpen,
+    /// Its probe is in flight: 1 s.
+    CircuitHalfOpen,
 }
 
 impl ForwardDeferral {
@@ -59,7 +71,24 @@ impl ForwardDeferral {
         match self {
             ForwardDeferral::DestinationDisabled => "destination_disabled",
             ForwardDeferral::DestinationRate => "destination_rate",
+            ForwardDeferral::CircuitOpen => "circuit_open",
+            ForwardDeferral::CircuitHalfOpen => "circuit_half_open",
         }
+    }
+}
+
+/// The circuit breaker's timing at the claim: the Endpoints' settings
+/// (`worker.circuit_cooldown_seconds`; a probe older than `worker.processing_timeout_seconds`
+/// is replaced).
+#[derive(Debug, Clone, Copy)]
+pub struct CircuitTiming {
+    pub cooldown_s: f64,
+    pub probe_timeout_s: f64,
+}
+
+impl From<&Limits> for CircuitTiming {
+    fn from(l: &Limits) -> CircuitTiming {
+        CircuitTiming { cooldown_s: l.circuit_cooldown_s, probe_timeout_s: l.probe_timeout_s }
     }
 }
 
@@ -89,21 +118,30 @@ pub enum ForwardClaimResult {
 /// same statement, and returns the claimed rows with their Destination and Incoming Event.
 /// `$4`, the configured ladder (`worker.incoming_retry_delays_seconds`), replaces the ladder
 /// of a Forward at its first claim (`attempt_count = 0`): its delays, and one Attempt more
-/// than delays.
+/// than delays. `$6`, `$7`: the circuit's cool-down and probe timeout. A claim admitted
+/// through a circuit that is not closed takes the probe (`probed`, read by the final SELECT
+/// so that it runs, after `claimed`).
 const CLAIM_SQL_HEAD: &str = "
 WITH want AS (
     SELECT w.id, w.token, w.hint, w.idx
     FROM unnest($1::uuid[], $2::uuid[], $3::uuid[]) WITH ORDINALITY AS w (id, token, hint, idx)
 ), cand AS (
     SELECT w.idx, w.id, w.token, w.hint, f.destination_id, d.enabled, d.rate_limit_per_second AS rate,
+           ca.state AS circuit_state, ca.reason AS circuit_reason, ca.defer_until AS circuit_until,
            -- Not visible yet: no row, or (retry path) the scheduler's token not yet on it.
            f.id IS NULL OR (w.hint IS NOT NULL AND f.status = 'PENDING' AND f.claim_token IS NULL) AS missing,
            coalesce(f.status = 'PENDING' AND (f.next_retry_at IS NULL OR f.next_retry_at <= now())
                     AND f.claim_token IS NOT DISTINCT FROM w.hint, false) AS eligible
     FROM want w LEFT JOIN forwards f ON f.id = w.id LEFT JOIN destinations d ON d.id = f.destination_id
+    LEFT JOIN LATERAL railhook_circuit_admit(f.destination_id, $6, $7) ca ON true
 ), admitted AS (
-    SELECT c.idx, c.id, c.token, c.hint,
+    SELECT c.idx, c.id, c.token, c.hint, c.destination_id, c.circuit_state, c.circuit_until,
            CASE WHEN NOT c.enabled THEN 'destination_disabled'
+                WHEN c.circuit_reason IS NOT NULL THEN c.circuit_reason
+                -- Through a circuit that is not closed: the first claim is the probe, the
+                -- others wait for its outcome.
+                WHEN c.circuit_state IN ('open', 'half_open')
+                     AND row_number() OVER (PARTITION BY c.destination_id ORDER BY c.idx) > 1 THEN 'circuit_half_open'
                 WHEN c.rate IS NOT NULL
                      AND (SELECT count(*) FROM forwards r WHERE r.destination_id = c.destination_id AND r.claimed_at > now() - interval '1 second')
                          + row_number() OVER (PARTITION BY c.destination_id ORDER BY c.idx) > c.rate THEN 'destination_rate'
@@ -111,7 +149,9 @@ WITH want AS (
     FROM cand c WHERE c.eligible
 ), deferred AS (
     UPDATE forwards f SET claim_token = NULL, updated_at = now(),
-        next_retry_at = now() + CASE a.decision WHEN 'destination_disabled' THEN make_interval(secs => $5) ELSE interval '1 second' END
+        next_retry_at = CASE a.decision WHEN 'destination_disabled' THEN now() + make_interval(secs => $5)
+                                        WHEN 'circuit_open' THEN a.circuit_until
+                                        ELSE now() + interval '1 second' END
     FROM admitted a
     WHERE a.decision <> 'claim' AND f.id = a.id AND f.status = 'PENDING'
       AND (f.next_retry_at IS NULL OR f.next_retry_at <= now()) AND f.claim_token IS NOT DISTINCT FROM a.hint
@@ -129,14 +169,20 @@ WITH want AS (
 const CLAIM_SQL_TAIL: &str = ",
         f.id AS fid, f.project_id, f.attempt_count, f.max_attempts, f.retry_delays, f.timeout_seconds, f.ladder_started_at,
         i.id AS iid, i.provider_event_id, i.method, i.headers AS iheaders, i.body, i.content_type, i.received_at, f.claim_token AS won
+), probed AS (
+    SELECT railhook_circuit_take_probe(a.destination_id, k.won)
+    FROM claimed k JOIN admitted a ON a.id = k.fid AND a.token = k.won
+    WHERE a.circuit_state IN ('open', 'half_open')
 )
 SELECT c.idx,
        CASE WHEN c.missing THEN 'missing'
             WHEN k.fid IS NOT NULL THEN 'claim'
             WHEN EXISTS (SELECT 1 FROM deferred x WHERE x.id = c.id) THEN (SELECT a.decision FROM admitted a WHERE a.idx = c.idx)
             ELSE 'none' END,
+       p.probes,
        k.*
 FROM cand c LEFT JOIN claimed k ON k.fid = c.id AND k.won = c.token
+CROSS JOIN (SELECT count(*) AS probes FROM probed) p
 ORDER BY c.idx";
 
 fn claim_sql() -> String {
@@ -145,7 +191,7 @@ fn claim_sql() -> String {
 
 /// Claims (or defers) a batch of Forwards in one statement; results in the order of
 /// `claims`. `ladder`: the configured incoming ladder, if any (see [`CLAIM_SQL_HEAD`]).
-pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: Option<&[i32]>) -> Result<Vec<ForwardClaimResult>, StoreError> {
+pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: Option<&[i32]>, circuit: &CircuitTiming) -> Result<Vec<ForwardClaimResult>, StoreError> {
     if claims.is_empty() {
         return Ok(Vec::new());
     }
@@ -154,15 +200,17 @@ pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: O
     let tokens: Vec<ClaimToken> = claims.iter().map(|c| c.token).collect();
     let hints: Vec<Option<ClaimToken>> = claims.iter().map(|c| c.hint).collect();
     let ladder: Option<Vec<i32>> = ladder.filter(|l| !l.is_empty()).map(<[i32]>::to_vec);
-    let rows = db.query(&statement, &[&ids, &tokens, &hints, &ladder, &(DISABLED_DEFERRAL_S as f64)]).await?;
+    let rows = db.query(&statement, &[&ids, &tokens, &hints, &ladder, &(DISABLED_DEFERRAL_S as f64), &circuit.cooldown_s, &circuit.probe_timeout_s]).await?;
     let mut out = vec![ForwardClaimResult::Nothing; claims.len()];
     for row in &rows {
-        let Some(i) = usize::try_from(row.get::<_, i64>(0)).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < claims.len()) else { continue };
-        out[i] = match row.get::<_, &str>(1) {
+        let Some(i) = usize::try_from(row.try_get::<_, i64>(0)?).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < claims.len()) else { continue };
+        out[i] = match row.try_get::<_, &str>(1)? {
             "missing" => ForwardClaimResult::Missing,
-            "claim" => ForwardClaimResult::Claimed(Box::new(claimed_from(row, 2)?)),
+            "claim" => ForwardClaimResult::Claimed(Box::new(claimed_from(row, 3)?)),
             "destination_disabled" => ForwardClaimResult::Deferred(ForwardDeferral::DestinationDisabled),
             "destination_rate" => ForwardClaimResult::Deferred(ForwardDeferral::DestinationRate),
+            "circuit_open" => ForwardClaimResult::Deferred(ForwardDeferral::CircuitOpen),
+            "circuit_half_open" => ForwardClaimResult::Deferred(ForwardDeferral::CircuitHalfOpen),
             _ => ForwardClaimResult::Nothing,
         };
     }
@@ -173,26 +221,26 @@ pub async fn claim_batch<C: Prepared>(db: &C, claims: &[ForwardClaim], ladder: O
 fn claimed_from(r: &Row, at: usize) -> Result<ClaimedForward, StoreError> {
     let destination = destination_from(r, at)?;
     let f = at + 8;
-    let headers = serde_json::from_value(r.get::<_, Json<serde_json::Value>>(f + 10).0).unwrap_or_default();
+    let headers = serde_json::from_value(r.try_get::<_, Json<serde_json::Value>>(f + 10)?.0).unwrap_or_default();
     let forward = ForwardToSend {
-        id: ForwardId(r.get(f)),
-        project_id: ProjectId(r.get(f + 1)),
+        id: ForwardId(r.try_get(f)?),
+        project_id: ProjectId(r.try_get(f + 1)?),
         status: DeliveryStatus::Processing,
-        attempt_count: r.get(f + 2),
-        max_attempts: r.get(f + 3),
-        retry_delays: r.get(f + 4),
-        timeout_seconds: r.get(f + 5),
-        ladder_started_at: r.get(f + 6),
+        attempt_count: r.try_get(f + 2)?,
+        max_attempts: r.try_get(f + 3)?,
+        retry_delays: r.try_get(f + 4)?,
+        timeout_seconds: r.try_get(f + 5)?,
+        ladder_started_at: r.try_get(f + 6)?,
         destination,
-        incoming_event_id: IncomingEventId(r.get(f + 7)),
-        provider_event_id: r.get(f + 8),
-        method: r.get(f + 9),
+        incoming_event_id: IncomingEventId(r.try_get(f + 7)?),
+        provider_event_id: r.try_get(f + 8)?,
+        method: r.try_get(f + 9)?,
         headers,
-        body: r.get(f + 11),
-        content_type: r.get(f + 12),
-        received_at: r.get(f + 13),
+        body: r.try_get(f + 11)?,
+        content_type: r.try_get(f + 12)?,
+        received_at: r.try_get(f + 13)?,
     };
-    Ok(ClaimedForward { token: r.get(f + 14), forward })
+    Ok(ClaimedForward { token: r.try_get(f + 14)?, forward })
 }
 
 // ---- Finalise and release ----------------------------------------------------------------
@@ -211,20 +259,33 @@ pub struct ForwardFinalise {
     pub next: Next,
     pub last_error: Option<String>,
     pub attempt: AttemptRecord,
+    /// Whether the outcome counts as a success for the Destination's circuit (it answered,
+    /// whatever the status, unless the answer asks for a retry).
+    pub healthy: bool,
+}
+
+/// What the finalise reports for one Attempt: whether it held the Claim, and its
+/// Destination's circuit change (on one Attempt per Destination of the batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ForwardFinalised {
+    pub wrote: bool,
+    pub circuit: Option<CircuitChange>,
 }
 
 /// Records each Attempt (whatever happened to its fence: every Attempt is on record, unless
 /// its Forward was deleted meanwhile) and, only while the Claim holds, the Forward's next
 /// state: SUCCESS, PENDING due at the ladder's next step (the retry scheduler announces it),
-/// or FAILED. `claimed_at` stays (the Destination's rate counts it).
+/// or FAILED. `claimed_at` stays (the Destination's rate counts it). Only while the Claim
+/// holds does the outcome count in the Destination's circuit (`railhook_circuit_record_batch`,
+/// `$19`-`$21` the breaker's window, volume and ratio).
 const FINALISE_SQL: &str = "
 WITH req AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::uuid[], $7::uuid[], $8::int[],
                          $9::timestamptz[], $10::int[], $11::int[], $12::text[], $13::text[], $14::jsonb[], $15::text[], $16::bool[],
-                         $17::jsonb[])
+                         $17::jsonb[], $18::bool[])
         WITH ORDINALITY AS r (id, token, status, retry_at, last_error, attempt_id, project_id, number, started_at, duration_ms,
                               status_code, result, error_message, response_headers, response_body, response_truncated,
-                              request_headers, idx)
+                              request_headers, healthy, idx)
 ), recorded AS (
     INSERT INTO attempts (id, project_id, forward_id, attempt_number, started_at, duration_ms, status_code, result, error_message,
                           response_headers, response_body, response_truncated, request_headers)
@@ -237,13 +298,22 @@ WITH req AS (
         claim_token = NULL, last_error = r.last_error, updated_at = now(),
         completed_at = CASE WHEN r.status IN ('SUCCESS', 'FAILED') THEN now() END
     FROM req r WHERE f.id = r.id AND f.claim_token = r.token AND f.status = 'PROCESSING'
-    RETURNING r.idx
+    RETURNING r.idx, f.destination_id, r.token, r.healthy
+), circuit AS (
+    SELECT b.target, b.change FROM railhook_circuit_record_batch('destination',
+        (SELECT array_agg(u.destination_id ORDER BY u.idx) FROM updated u),
+        (SELECT array_agg(u.token ORDER BY u.idx) FROM updated u),
+        (SELECT array_agg(u.healthy ORDER BY u.idx) FROM updated u),
+        $19, $20, $21) AS b
 )
-SELECT r.idx, u.idx IS NOT NULL FROM req r LEFT JOIN updated u ON u.idx = r.idx ORDER BY r.idx";
+SELECT r.idx, u.idx IS NOT NULL,
+       CASE WHEN u.idx = max(u.idx) OVER (PARTITION BY u.destination_id) THEN ch.change END
+FROM req r LEFT JOIN updated u ON u.idx = r.idx LEFT JOIN circuit ch ON ch.target = u.destination_id
+ORDER BY r.idx";
 
 /// Finalises a batch in one statement; for each request (in order), whether it still held
-/// its Claim (wrote the Forward's state).
-pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[ForwardFinalise]) -> Result<Vec<bool>, StoreError> {
+/// its Claim (wrote the Forward's state), and the circuit's change.
+pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[ForwardFinalise], circuit: &Circuit) -> Result<Vec<ForwardFinalised>, StoreError> {
     if requests.is_empty() {
         return Ok(Vec::new());
     }
@@ -265,16 +335,25 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[ForwardFinalise]) -
     let bodies: Vec<&str> = requests.iter().map(|r| r.attempt.response_body.as_str()).collect();
     let truncated: Vec<bool> = requests.iter().map(|r| r.attempt.response_truncated).collect();
     let request_headers: Vec<&serde_json::Value> = requests.iter().map(|r| &r.attempt.request_headers).collect();
+    let healthy: Vec<bool> = requests.iter().map(|r| r.healthy).collect();
     let rows = db
         .query(
             &statement,
-            &[&ids, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations, &codes, &results, &errors, &headers, &bodies, &truncated, &request_headers],
+            &[
+                &ids, &tokens, &statuses, &retry_at, &last_errors, &attempt_ids, &projects, &numbers, &started, &durations, &codes, &results, &errors, &headers,
+                &bodies, &truncated, &request_headers, &healthy, &circuit.window_s, &circuit.min_volume, &circuit.ratio,
+            ],
         )
         .await?;
-    let mut out = vec![false; requests.len()];
+    let mut out = vec![ForwardFinalised::default(); requests.len()];
     for row in rows {
-        if let Some(i) = usize::try_from(row.get::<_, i64>(0)).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < out.len()) {
-            out[i] = row.get(1);
+        if let Some(i) = usize::try_from(row.try_get::<_, i64>(0)?).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < out.len()) {
+            let circuit = match row.try_get::<_, Option<&str>>(2)?.map(str::parse::<CircuitChange>) {
+                Some(Ok(change)) => Some(change),
+                Some(Err(e)) => return Err(StoreError::Misconfigured(format!("forward finalise: {e}"))),
+                None => None,
+            };
+            out[i] = ForwardFinalised { wrote: row.try_get(1)?, circuit };
         }
     }
     Ok(out)
@@ -415,17 +494,17 @@ const SUMMARY_COLUMNS: &str = "f.id, f.incoming_event_id, d.source_id, f.destina
 
 fn summary_from(r: &Row, at: usize) -> Result<ForwardSummary, StoreError> {
     Ok(ForwardSummary {
-        id: ForwardId(r.get(at)),
-        incoming_event_id: IncomingEventId(r.get(at + 1)),
-        source_id: SourceId(r.get(at + 2)),
-        destination_id: DestinationId(r.get(at + 3)),
-        status: r.get::<_, &str>(at + 4).parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
-        attempt_count: r.get(at + 5),
-        max_attempts: r.get(at + 6),
-        next_retry_at: r.get(at + 7),
-        last_error: r.get(at + 8),
-        created_at: r.get(at + 9),
-        completed_at: r.get(at + 10),
+        id: ForwardId(r.try_get(at)?),
+        incoming_event_id: IncomingEventId(r.try_get(at + 1)?),
+        source_id: SourceId(r.try_get(at + 2)?),
+        destination_id: DestinationId(r.try_get(at + 3)?),
+        status: r.try_get::<_, &str>(at + 4)?.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
+        attempt_count: r.try_get(at + 5)?,
+        max_attempts: r.try_get(at + 6)?,
+        next_retry_at: r.try_get(at + 7)?,
+        last_error: r.try_get(at + 8)?,
+        created_at: r.try_get(at + 9)?,
+        completed_at: r.try_get(at + 10)?,
     })
 }
 
@@ -460,10 +539,10 @@ pub async fn retry(db: &impl GenericClient, project: ProjectId, id: ForwardId, e
     let Some(row) = db.query_opt(&sql, &[&id, &project, &extra_attempts, &AnnouncementReason::ManualRetry.as_str()]).await? else {
         return Ok(ForwardRetryOutcome::NotFound);
     };
-    if row.get::<_, bool>(1) {
+    if row.try_get::<_, bool>(1)? {
         return Ok(ForwardRetryOutcome::Retried(Box::new(summary_from(&row, 2)?)));
     }
-    let status = row.get::<_, &str>(0).parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?;
+    let status = row.try_get::<_, &str>(0)?.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?;
     Ok(ForwardRetryOutcome::NotFailed(status))
 }
 
@@ -566,10 +645,10 @@ pub async fn retry_many(db: &impl GenericClient, project: ProjectId, selection: 
     let mut out = BulkForwardRetry::default();
     let mut seen = std::collections::HashMap::new();
     for r in &rows {
-        let id = ForwardId(r.get(0));
-        if r.get::<_, bool>(2) {
+        let id = ForwardId(r.try_get(0)?);
+        if r.try_get::<_, bool>(2)? {
             out.retried.push(id);
-        } else if let Some(status) = r.get::<_, Option<&str>>(1).and_then(|s| s.parse::<DeliveryStatus>().ok()) {
+        } else if let Some(status) = r.try_get::<_, Option<&str>>(1)?.and_then(|s| s.parse::<DeliveryStatus>().ok()) {
             seen.insert(id, status);
         }
     }
@@ -642,12 +721,17 @@ pub async fn replay(db: &impl GenericClient, project: ProjectId, id: IncomingEve
         .await?;
     let Some(first) = rows.first() else { return Ok(ReplayOutcome::NotFound) };
     if destination.is_some() {
-        match first.get::<_, Option<bool>>(0) {
+        match first.try_get::<_, Option<bool>>(0)? {
             None => return Ok(ReplayOutcome::DestinationNotFound),
             Some(false) => return Ok(ReplayOutcome::DestinationDisabled),
             Some(true) => {}
         }
     }
-    let forwards = rows.iter().filter(|r| r.get::<_, bool>(1)).map(|r| summary_from(r, 2)).collect::<Result<_, _>>()?;
+    let mut forwards = Vec::with_capacity(rows.len());
+    for r in &rows {
+        if r.try_get::<_, bool>(1)? {
+            forwards.push(summary_from(r, 2)?);
+        }
+    }
     Ok(ReplayOutcome::Replayed(forwards))
 }

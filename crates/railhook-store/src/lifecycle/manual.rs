@@ -62,10 +62,10 @@ pub async fn retry(db: &impl GenericClient, project: ProjectId, id: DeliveryId, 
     let Some(row) = db.query_opt(RETRY_SQL, &[&id, &project, &extra_attempts, &AnnouncementReason::ManualRetry.as_str()]).await? else {
         return Ok(RetryOutcome::NotFound);
     };
-    if row.get::<_, Option<Uuid>>(1).is_some() {
+    if row.try_get::<_, Option<Uuid>>(1)?.is_some() {
         return Ok(RetryOutcome::Retried(Box::new(delivery_from(&row, 1)?)));
     }
-    Ok(RetryOutcome::NotFailed(status_from(row.get(0))?))
+    Ok(RetryOutcome::NotFailed(status_from(row.try_get(0)?)?))
 }
 
 /// Why a Delivery named in a bulk retry was not retried.
@@ -174,11 +174,11 @@ pub async fn retry_many(db: &impl GenericClient, project: ProjectId, selection: 
     let mut out = BulkRetry::default();
     let mut seen = std::collections::HashMap::new();
     for r in &rows {
-        let id = DeliveryId(r.get(0));
-        if r.get::<_, bool>(2) {
+        let id = DeliveryId(r.try_get(0)?);
+        if r.try_get::<_, bool>(2)? {
             out.retried.push(id);
         } else {
-            let status = status_from(r.get(1))?;
+            let status = status_from(r.try_get(1)?)?;
             let reason = if status == DeliveryStatus::Failed { SkipReason::Busy } else { SkipReason::NotFailed };
             seen.insert(id, (reason, status));
         }

@@ -26,7 +26,7 @@
 //! | (none) | PENDING, announced | Forwards: the ingress, one per enabled Destination | `incoming::INGRESS_SQL` |
 //! | (none) | PENDING, announced | Forwards: a replay of an Incoming Event (a new Forward) | [`forward::replay`] |
 //! | PENDING | PROCESSING | Forwards: the worker's claim (fenced like Deliveries) | [`forward::claim_batch`] |
-//! | PENDING | PENDING, due later | Forwards: a Deferral (disabled Destination 60 s, its rate 1 s) | [`forward::claim_batch`] |
+//! | PENDING | PENDING, due later | Forwards: a Deferral (disabled Destination 60 s, its rate 1 s, its circuit) | [`forward::claim_batch`] |
 //! | PROCESSING | SUCCESS / FAILED / PENDING (due) | Forwards: the finalise, only while the Claim holds | [`forward::finalise_batch`] |
 //! | PROCESSING | PENDING, due now | Forwards: a Claim given back unsent | [`forward::release`] |
 //! | PENDING (due) | PENDING, tokened and announced | Forwards: the retry scheduler | [`forward::schedule_due`] |
@@ -61,7 +61,7 @@ pub mod manual;
 pub mod replay;
 pub mod schedule;
 
-pub use claim::{claim_batch, claim_batch_finishing, ClaimRequest, ClaimResult, Claimed, Limits};
+pub use claim::{claim_batch, claim_batch_finishing, park_held, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
 pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 

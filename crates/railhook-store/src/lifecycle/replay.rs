@@ -72,5 +72,5 @@ pub async fn insert_batch<C: GenericClient + Sync>(db: &C, replay: ReplayId, pro
     let row = db
         .query_one(&statement, &[&replay, &project, &events, &endpoints, &subscriptions, &delays, &AnnouncementReason::Replay.as_str()])
         .await?;
-    Ok(row.get::<_, i64>(0) as u64)
+    Ok(row.try_get::<_, i64>(0)? as u64)
 }

@@ -1,5 +1,6 @@
 -- The rules of the Delivery lifecycle: the claim's admission, the batch finalise and the
--- circuit breaker. A repeatable migration: applied again by `railhook migrate` whenever this
+-- circuit breaker (which the Forwards' claim and finalise, `lifecycle/forward.rs`, use as
+-- well). A repeatable migration: applied again by `railhook migrate` whenever this
 -- file's checksum changes (railhook_repeatables), after the versioned migrations and under
 -- the migration lock, in one transaction. Edit the rules here; the Rust side that calls them
 -- is crates/railhook-store/src/lifecycle/ (claim.rs, finalise.rs). Keep every signature: a
@@ -43,8 +44,25 @@
 -- over a concurrency or rate limit: it answers 'busy:<reason>' and writes nothing, and the
 -- worker keeps the hint until a slot frees or the window opens.
 --
--- Outcomes per claim: 'claimed', 'none' (done, not due, another token), 'missing' (the row
--- is not visible yet: see below), 'busy:<reason>', or the Deferral's reason.
+-- Outcomes per claim: 'claimed', 'claimed:behind' (see the worker's Ordering Buffer below),
+-- 'claimed:gap', 'none' (done, not due, another token), 'missing' (the row is not visible
+-- yet: see below), 'busy:<reason>', or the Deferral's reason.
+--
+-- p_announced[i]: when the hint's announcement was committed (the relay's `commit_time_us`
+-- header; NULL when unknown, e.g. the polling relay). A hint on the retry path that finds
+-- its row PENDING and due, without its token, and last announced before that commit, has
+-- overtaken the scheduler's commit (the commit is decoded and announced before it is
+-- visible): 'missing', claimed again shortly. A row announced since (a later scheduler run, a
+-- sweep) makes the hint stale: 'none'.
+--
+-- The worker's Ordering Buffer (issue 30): p_mine holds the Claim tokens of the ordered
+-- Deliveries the claiming worker holds now. An ordered Delivery whose predecessor is
+-- PROCESSING under one of them, or under a claim earlier in this batch, is claimed
+-- ('claimed:behind') instead of parked: the worker holds it and sends it only once the
+-- predecessor's Attempt ended in a final verdict, so an Endpoint's ordered Deliveries are
+-- claimed ahead, many per round trip, and sent one after another without a round trip
+-- through Postgres in between. If the predecessor goes back on its ladder instead, the
+-- worker parks what it held behind it (railhook_park_held), and the rest is as below.
 --
 -- The Ordering Buffer (DESIGN.md 6.5): a Delivery with a Sequence Number whose predecessor
 -- (the same Endpoint's Delivery numbered one less) is unresolved is parked: a Deferral that
@@ -58,7 +76,8 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
     p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
     p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
-    p_wait boolean[], p_gap_s double precision, p_finishing uuid[]
+    p_wait boolean[], p_gap_s double precision, p_finishing uuid[],
+    p_announced timestamptz[], p_mine uuid[]
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -66,16 +85,18 @@ DECLARE
     i integer;
     d record;
     c_state text;
-    c_opened timestamptz;
-    c_probe timestamptz;
+    c_reason text;
+    c_until timestamptz;
     ep_rate integer;
     ep_enabled boolean;
     n integer;
     defer_until timestamptz;
     reason text;
     gap boolean;
+    behind boolean;
     pred_status delivery_status;
     pred_parked timestamptz;
+    pred_token uuid;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -136,7 +157,12 @@ BEGIN
                 SELECT 1 FROM deliveries dl WHERE dl.id = p_deliveries[i]
                   AND NOT (dl.status = 'PENDING'
                            AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
-                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i]))
+                           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i])
+                  -- A retry's hint that overtook the scheduler's commit (see above).
+                  AND NOT (p_hints[i] IS NOT NULL AND p_announced[i] IS NOT NULL
+                           AND dl.status = 'PENDING'
+                           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+                           AND dl.last_announced_at < p_announced[i]))
               THEN 'none' ELSE 'missing' END;
             RETURN NEXT;
             CONTINUE;
@@ -159,10 +185,15 @@ BEGIN
         -- releases this one, so the gap timeout fires once, behind the Delivery that is
         -- really stuck (PENDING on its own retry ladder), not along the chain behind it.
         gap := false;
+        behind := false;
         IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
-            SELECT p.status, p.parked_at INTO pred_status, pred_parked FROM deliveries p
+            SELECT p.status, p.parked_at, p.claim_token INTO pred_status, pred_parked, pred_token FROM deliveries p
             WHERE p.endpoint_id = d.endpoint_id AND p.sequence_number = d.sequence_number - 1;
-            IF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
+            IF FOUND AND pred_status = 'PROCESSING'
+               AND (pred_token = ANY (p_mine) OR pred_token = ANY (p_tokens[1:i - 1])) THEN
+                -- Held by this worker behind its own predecessor (the Ordering Buffer above).
+                behind := true;
+            ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
                 reason := 'ordering';
                 defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
             ELSIF FOUND AND pred_status = 'PENDING' THEN
@@ -175,19 +206,12 @@ BEGIN
             END IF;
         END IF;
 
-        -- The circuit.
-        c_state := NULL;
-        SELECT state, opened_at, probe_at INTO c_state, c_opened, c_probe FROM endpoint_circuits WHERE endpoint_id = d.endpoint_id;
-        IF reason IS NOT NULL THEN
-            NULL;
-        ELSIF c_state = 'open' THEN
-            IF now() < c_opened + make_interval(secs => p_circuit_cooldown_s) THEN
-                reason := 'circuit_open';
-                defer_until := c_opened + make_interval(secs => p_circuit_cooldown_s);
-            END IF;
-        ELSIF c_state = 'half_open' AND c_probe > now() - make_interval(secs => p_probe_timeout_s) THEN
-            reason := 'circuit_half_open';
-            defer_until := now() + interval '1 second';
+        -- The circuit (railhook_circuit_admit; no row: closed).
+        SELECT a.state, a.reason, a.defer_until INTO c_state, c_reason, c_until
+        FROM railhook_circuit_admit(d.endpoint_id, p_circuit_cooldown_s, p_probe_timeout_s) AS a;
+        IF reason IS NULL AND c_reason IS NOT NULL THEN
+            reason := c_reason;
+            defer_until := c_until;
         END IF;
 
         -- Concurrency.
@@ -262,14 +286,58 @@ BEGIN
                 used = CASE WHEN r.window_start = excluded.window_start THEN r.used + 1 ELSE 1 END,
                 window_start = excluded.window_start;
         END IF;
-        IF c_state = 'open' THEN
-            -- Cool-down over: this claim is the half-open probe.
-            UPDATE endpoint_circuits SET state = 'half_open', probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
-        ELSIF c_state = 'half_open' THEN
-            UPDATE endpoint_circuits SET probe_token = p_tokens[i], probe_at = now() WHERE endpoint_id = d.endpoint_id;
+        IF c_state IN ('open', 'half_open') THEN
+            -- Admitted through a circuit that is not closed: this claim is the probe.
+            PERFORM railhook_circuit_take_probe(d.endpoint_id, p_tokens[i]);
         END IF;
-        idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' ELSE 'claimed' END; RETURN NEXT;
+        idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' WHEN behind THEN 'claimed:behind' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- The signature before p_announced and p_mine (a worker of the previous build, until it
+-- restarts): no overtaken retries told apart, no Ordering Buffer in the worker.
+CREATE OR REPLACE FUNCTION railhook_claim_batch(
+    p_deliveries uuid[], p_tokens uuid[], p_hints uuid[],
+    p_endpoint_concurrency integer, p_project_concurrency integer, p_project_rate integer,
+    p_circuit_cooldown_s double precision, p_probe_timeout_s double precision,
+    p_wait boolean[], p_gap_s double precision, p_finishing uuid[]
+) RETURNS TABLE (idx integer, outcome text)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
+        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, p_finishing, NULL::timestamptz[], '{}'::uuid[])
+$$;
+
+-- The worker's Ordering Buffer gives back what it held behind a predecessor that did not end
+-- in a final verdict (back on its ladder, cut short, fenced out): the held Delivery becomes
+-- PENDING and parked, exactly as if its claim had parked it (due again at its gap timeout;
+-- released at once by the predecessor's finalise when that one ends), with no Attempt spent.
+-- Only while the Claim holds. Returns whether it wrote.
+CREATE OR REPLACE FUNCTION railhook_park_held(p_delivery uuid, p_token uuid, p_gap_s double precision)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ep uuid;
+BEGIN
+    -- The Endpoint's claim lock, as a claim that parks holds it: a finalise releasing this
+    -- Delivery either sees the park or ran before it (then the predecessor has ended and the
+    -- Delivery is due at once).
+    SELECT endpoint_id INTO ep FROM deliveries WHERE id = p_delivery;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(ep::text, 6570));
+    UPDATE deliveries d
+    SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, updated_at = now(),
+        parked_at = coalesce(d.parked_at, now()),
+        next_retry_at = CASE
+            -- The predecessor ended meanwhile (its finalise found nothing parked to release).
+            WHEN EXISTS (SELECT 1 FROM deliveries p WHERE p.endpoint_id = d.endpoint_id
+                         AND p.sequence_number = d.sequence_number - 1 AND p.status IN ('SUCCESS', 'FAILED'))
+            THEN now()
+            ELSE coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s) END
+    WHERE d.id = p_delivery AND d.claim_token = p_token AND d.status = 'PROCESSING';
+    RETURN FOUND;
 END
 $$;
 
@@ -283,7 +351,7 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
 ) RETURNS TABLE (idx integer, outcome text)
 LANGUAGE sql VOLATILE AS $$
     SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
-        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, '{}'::uuid[])
+        p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, '{}'::uuid[], NULL::timestamptz[], '{}'::uuid[])
 $$;
 
 -- ---------------------------------------------------------------------------------------
@@ -322,6 +390,12 @@ CREATE OR REPLACE FUNCTION railhook_finalise_batch(
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     fenced integer[];
+    -- The fenced rows that carry a Sequence Number: their index, Endpoint, number, and
+    -- whether they ended (SUCCESS or Failed Messages), as the UPDATE returned them.
+    o_n integer[];
+    o_endpoints uuid[];
+    o_sequences bigint[];
+    o_ended boolean[];
     ended record;
     freed uuid[] := '{}';
     rel uuid;
@@ -350,9 +424,14 @@ BEGIN
             updated_at = now()
         FROM input i
         WHERE d.id = i.delivery AND d.claim_token = i.token AND d.status = 'PROCESSING'
-        RETURNING i.n
+        RETURNING i.n, d.endpoint_id, d.sequence_number, d.status
     )
-    SELECT coalesce(array_agg(done.n::integer), '{}') INTO fenced FROM done;
+    SELECT coalesce(array_agg(done.n::integer), '{}'),
+           array_agg(done.n::integer) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.endpoint_id) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.sequence_number) FILTER (WHERE done.sequence_number IS NOT NULL),
+           array_agg(done.status IN ('SUCCESS', 'FAILED')) FILTER (WHERE done.sequence_number IS NOT NULL)
+    INTO fenced, o_n, o_endpoints, o_sequences, o_ended FROM done;
     freed := array_fill(NULL::uuid, ARRAY[n]);
 
     -- Ordering: cursors and releases, for the ended Deliveries that carry a Sequence Number.
@@ -361,21 +440,17 @@ BEGIN
     -- while this finalise, not yet seeing the park, releases nothing, and the successor would
     -- wait for its gap timeout. With them, either this release sees the park or the claim
     -- sees the predecessor ended. In key order, like the claims.
+    -- (Read off the UPDATE above: a batch without ordered Deliveries reads nothing more.)
     FOR k IN
-        SELECT DISTINCT hashtextextended(d.endpoint_id::text, 6570) AS key
-        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
-        JOIN deliveries d ON d.id = t.delivery
-        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL
-        ORDER BY key
+        SELECT DISTINCT hashtextextended(e::text, 6570) AS key FROM unnest(o_endpoints) AS e ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
     END LOOP;
     FOR ended IN
-        SELECT t.n, d.endpoint_id, d.sequence_number
-        FROM unnest(p_deliveries) WITH ORDINALITY AS t(delivery, n)
-        JOIN deliveries d ON d.id = t.delivery
-        WHERE t.n = ANY (fenced) AND d.sequence_number IS NOT NULL AND d.status IN ('SUCCESS', 'FAILED')
-        ORDER BY d.endpoint_id, d.sequence_number
+        SELECT t.n, t.endpoint_id, t.sequence_number
+        FROM unnest(o_n, o_endpoints, o_sequences, o_ended) AS t(n, endpoint_id, sequence_number, is_end)
+        WHERE t.is_end
+        ORDER BY t.endpoint_id, t.sequence_number
     LOOP
         INSERT INTO endpoint_ordering AS o (endpoint_id, cursor) VALUES (ended.endpoint_id, ended.sequence_number)
         ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
@@ -407,7 +482,7 @@ BEGIN
             SELECT array_agg(p_tokens[j] ORDER BY j), array_agg(p_healthy[j] ORDER BY j) INTO run_tokens, run_healthy
             FROM generate_series(run_start, i) AS j WHERE j = ANY (fenced);
             IF run_tokens IS NOT NULL THEN
-                circuit := railhook_circuit_record_many(p_endpoints[i], run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+                circuit := railhook_circuit_record_many(p_endpoints[i], 'endpoint', run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
             END IF;
             run_start := i + 1;
         END IF;
@@ -434,7 +509,40 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- ---------------------------------------------------------------------------------------
--- The circuit breaker: records the outcomes of one endpoint's Attempts of a finalise batch
+-- The circuit breaker, of an Endpoint (the Deliveries' claim and finalise above) or of a
+-- Destination (the Forwards', railhook_store::lifecycle::forward): one row of `circuits`
+-- per target (migration 0026), looked up by `target_id`, the Endpoint's or Destination's id.
+--
+-- States: closed (normal); open (every claim deferred until opened_at + the cool-down, no
+-- Attempt spent); half_open (one probe Attempt in flight: its outcome closes or reopens the
+-- circuit; the others are deferred by 1 s; a probe older than the probe timeout is replaced
+-- by the next claim). p_kind is 'endpoint' or 'destination'.
+
+-- The admission: for a claim of a Delivery or Forward of p_target, the circuit's state and,
+-- when the claim must wait, the Deferral's reason and until when. No row: closed (a circuit
+-- row is made by its first recorded outcome).
+CREATE OR REPLACE FUNCTION railhook_circuit_admit(
+    p_target uuid, p_cooldown_s double precision, p_probe_timeout_s double precision
+) RETURNS TABLE (state text, reason text, defer_until timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT c.state,
+           CASE WHEN c.state = 'open' AND now() < c.opened_at + make_interval(secs => p_cooldown_s) THEN 'circuit_open'
+                WHEN c.state = 'half_open' AND c.probe_at > now() - make_interval(secs => p_probe_timeout_s) THEN 'circuit_half_open' END,
+           CASE WHEN c.state = 'open' AND now() < c.opened_at + make_interval(secs => p_cooldown_s) THEN c.opened_at + make_interval(secs => p_cooldown_s)
+                WHEN c.state = 'half_open' AND c.probe_at > now() - make_interval(secs => p_probe_timeout_s) THEN now() + interval '1 second' END
+    FROM circuits c WHERE c.target_id = p_target
+$$;
+
+-- A claim admitted while the circuit was open (cool-down over) or half-open (its probe timed
+-- out) is the probe: its Claim token is the one whose outcome counts. Nothing when the
+-- circuit closed meanwhile.
+CREATE OR REPLACE FUNCTION railhook_circuit_take_probe(p_target uuid, p_token uuid) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    UPDATE circuits SET state = 'half_open', probe_token = p_token, probe_at = now()
+    WHERE target_id = p_target AND state IN ('open', 'half_open')
+$$;
+
+-- Records the outcomes of one target's Attempts of a finalise batch
 -- (p_tokens[i], p_healthy[i], in the batch's order) in its circuit, with one row lock and
 -- one update; returns the change ('opened', 'closed', 'reopened') or NULL. A failure is an
 -- outcome that asks for a retry. Closed: the batch's outcomes are added to the current
@@ -443,8 +551,9 @@ $$;
 -- Attempt under probe_token) counts; it closes the circuit on success and reopens it on
 -- failure. Open: nothing is recorded.
 DROP FUNCTION IF EXISTS railhook_circuit_record(uuid, uuid, boolean, double precision, integer, double precision);
+DROP FUNCTION IF EXISTS railhook_circuit_record_many(uuid, uuid[], boolean[], double precision, integer, double precision);
 CREATE OR REPLACE FUNCTION railhook_circuit_record_many(
-    p_endpoint uuid, p_tokens uuid[], p_healthy boolean[],
+    p_target uuid, p_kind text, p_tokens uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE AS $$
@@ -454,20 +563,22 @@ DECLARE
     ok integer;
     bad integer;
 BEGIN
-    INSERT INTO endpoint_circuits (endpoint_id) VALUES (p_endpoint) ON CONFLICT (endpoint_id) DO NOTHING;
-    SELECT * INTO c FROM endpoint_circuits WHERE endpoint_id = p_endpoint FOR UPDATE;
+    INSERT INTO circuits (endpoint_id, destination_id)
+    VALUES (CASE WHEN p_kind = 'endpoint' THEN p_target END, CASE WHEN p_kind = 'destination' THEN p_target END)
+    ON CONFLICT (target_id) DO NOTHING;
+    SELECT * INTO c FROM circuits WHERE target_id = p_target FOR UPDATE;
     IF c.state = 'half_open' THEN
         probe := array_position(p_tokens, c.probe_token);
         IF probe IS NULL THEN
             RETURN NULL;
         END IF;
         IF p_healthy[probe] THEN
-            UPDATE endpoint_circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
-                                         opened_at = NULL, probe_token = NULL, probe_at = NULL
-            WHERE endpoint_id = p_endpoint;
+            UPDATE circuits SET state = 'closed', window_start = now(), successes = 0, failures = 0,
+                                opened_at = NULL, probe_token = NULL, probe_at = NULL
+            WHERE target_id = p_target;
             RETURN 'closed';
         END IF;
-        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), probe_token = NULL, probe_at = NULL WHERE endpoint_id = p_endpoint;
+        UPDATE circuits SET state = 'open', opened_at = now(), probe_token = NULL, probe_at = NULL WHERE target_id = p_target;
         RETURN 'reopened';
     END IF;
     IF c.state <> 'closed' THEN
@@ -483,11 +594,34 @@ BEGIN
     c.failures := c.failures + bad;
     IF p_min_volume > 0 AND c.successes + c.failures >= p_min_volume
        AND c.failures::double precision / (c.successes + c.failures) >= p_ratio THEN
-        UPDATE endpoint_circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
-        WHERE endpoint_id = p_endpoint;
+        UPDATE circuits SET state = 'open', opened_at = now(), window_start = now(), successes = 0, failures = 0
+        WHERE target_id = p_target;
         RETURN 'opened';
     END IF;
-    UPDATE endpoint_circuits SET window_start = c.window_start, successes = c.successes, failures = c.failures WHERE endpoint_id = p_endpoint;
+    UPDATE circuits SET window_start = c.window_start, successes = c.successes, failures = c.failures WHERE target_id = p_target;
     RETURN NULL;
+END
+$$;
+
+-- railhook_circuit_record_many for a batch in any order (the Forwards' finalise): each
+-- target's outcomes in the batch's order, recorded once per target, targets in key order (so
+-- two batches lock circuit rows in one order). One row per target with its change or NULL.
+CREATE OR REPLACE FUNCTION railhook_circuit_record_batch(
+    p_kind text, p_targets uuid[], p_tokens uuid[], p_healthy boolean[],
+    p_window_s double precision, p_min_volume integer, p_ratio double precision
+) RETURNS TABLE (target uuid, change text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    t uuid;
+    run_tokens uuid[];
+    run_healthy boolean[];
+BEGIN
+    FOR t IN SELECT DISTINCT x FROM unnest(p_targets) AS x WHERE x IS NOT NULL ORDER BY x LOOP
+        SELECT array_agg(u.tok ORDER BY u.n), array_agg(u.ok ORDER BY u.n) INTO run_tokens, run_healthy
+        FROM unnest(p_targets, p_tokens, p_healthy) WITH ORDINALITY AS u(tgt, tok, ok, n) WHERE u.tgt = t;
+        target := t;
+        change := railhook_circuit_record_many(t, p_kind, run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+        RETURN NEXT;
+    END LOOP;
 END
 $$;

@@ -176,7 +176,7 @@ pub struct SweepLimits {
 /// process holds it.
 pub async fn sweep(client: &mut deadpool_postgres::Object, l: &SweepLimits) -> Result<Option<Swept>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
-    let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::SWEEP.key]).await?.get(0);
+    let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&crate::locks::SWEEP.key]).await?.try_get(0)?;
     if !locked {
         return Ok(None);
     }
@@ -208,7 +208,7 @@ pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_
             &[],
         )
         .await?;
-    Ok(QueueGauges { due: row.get(0), oldest_due_age_s: row.get(1), parked: row.get(2) })
+    Ok(QueueGauges { due: row.try_get(0)?, oldest_due_age_s: row.try_get(1)?, parked: row.try_get(2)? })
 }
 
 /// Rows per re-announcement statement.
@@ -269,7 +269,7 @@ async fn reannounce_batches(db: &impl GenericClient, sql: &str) -> Result<u64, t
     loop {
         let rows = db.query(&statement, &[&after, &REANNOUNCE_BATCH, &reason]).await?;
         total += rows.len() as u64;
-        match rows.iter().map(|r| r.get::<_, Uuid>(0)).max() {
+        match rows.iter().map(|r| r.try_get::<_, Uuid>(0)).collect::<Result<Vec<_>, _>>()?.into_iter().max() {
             Some(last) if rows.len() as i64 == REANNOUNCE_BATCH => after = last,
             _ => return Ok(total),
         }

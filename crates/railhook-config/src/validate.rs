@@ -1,0 +1,254 @@
+//! Validation at start: every problem at once, each saying how to fix it.
+
+use crate::{Config, ConfigError, IngressConfig};
+
+impl Config {
+    /// Every problem at once, each with its fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if !(self.database.url.starts_with("postgres://") || self.database.url.starts_with("postgresql://")) {
+            problems.push("database.url must be a postgres:// URL, e.g. postgres://railhook@127.0.0.1:54329/railhook (set RAILHOOK_DATABASE__URL)".to_string());
+        }
+        if self.database.max_connections == 0 {
+            problems.push("database.max_connections must be at least 1".into());
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            problems.push("kafka.brokers is empty: set it to host:port[,host:port], e.g. RAILHOOK_KAFKA__BROKERS=127.0.0.1:19092".into());
+        }
+        if self.kafka.partitions < 1 {
+            problems.push(format!("kafka.partitions is {}: it must be at least 1", self.kafka.partitions));
+        }
+        if self.kafka.replication_factor < 1 {
+            problems.push("kafka.replication_factor must be at least 1".into());
+        }
+        for topic in [&self.kafka.deliveries_topic, &self.kafka.forwards_topic] {
+            if !valid_topic(&format!("{}{}", self.kafka.topic_prefix, topic)) {
+                problems.push(format!("kafka topic '{}{}' is not a valid Kafka topic name (letters, digits, '.', '_', '-', at most 249 characters)", self.kafka.topic_prefix, topic));
+            }
+        }
+        for key in self.kafka.properties.keys() {
+            if ["enable.idempotence", "acks", "bootstrap.servers"].contains(&key.as_str()) {
+                problems.push(format!("kafka.properties.{key} is set by Railhook itself and may not be overridden (remove it)"));
+            }
+        }
+        if self.api.max_body_bytes < 1024 {
+            problems.push("api.max_body_bytes must be at least 1024".into());
+        }
+        if !(100..=600_000).contains(&self.api.header_read_timeout_ms) {
+            problems.push(format!("api.header_read_timeout_ms is {}: it must be between 100 and 600000 (10000 is the default)", self.api.header_read_timeout_ms));
+        }
+        if !(100..=3_600_000).contains(&self.api.body_read_timeout_ms) {
+            problems.push(format!("api.body_read_timeout_ms is {}: it must be between 100 and 3600000 (30000 is the default)", self.api.body_read_timeout_ms));
+        }
+        if self.api.max_connections == 0 {
+            problems.push("api.max_connections must be at least 1 (1024 is the default)".into());
+        }
+        if self.api.linger_timeout_ms > 600_000 {
+            problems.push(format!("api.linger_timeout_ms is {}: it must be between 0 (no lingering) and 600000 (5000 is the default)", self.api.linger_timeout_ms));
+        }
+        if self.api.ingest_pacing && self.api.ingest_hold_above_ms >= self.api.ingest_hold_ignore_above_ms {
+            problems.push(format!(
+                "api.ingest_hold_above_ms ({}) must be below api.ingest_hold_ignore_above_ms ({}), or set api.ingest_pacing = false",
+                self.api.ingest_hold_above_ms, self.api.ingest_hold_ignore_above_ms
+            ));
+        }
+        if self.api.ingest_max_hold_ms > 60_000 {
+            problems.push(format!("api.ingest_max_hold_ms is {}: it must be at most 60000 (1000 is the default)", self.api.ingest_max_hold_ms));
+        }
+        if self.api.linger_max_bytes > 1 << 40 {
+            problems.push(format!("api.linger_max_bytes is {}: it must be between 0 (no lingering) and 1099511627776 (4194304 is the default)", self.api.linger_max_bytes));
+        }
+        if !self.api.admin_token.is_empty() && self.api.admin_token.len() < 16 {
+            problems.push("api.admin_token is shorter than 16 characters: use a long random value (e.g. `openssl rand -hex 24`)".into());
+        }
+        problems.extend(self.ingress.problems());
+        for name in [&self.relay.slot_name, &self.relay.publication_name] {
+            if !valid_identifier(name) {
+                problems.push(format!("relay slot/publication name '{name}' must be lower-case letters, digits and '_' (at most 63), starting with a letter"));
+            }
+        }
+        if self.relay.status_interval_ms == 0 || self.relay.status_interval_ms > 30_000 {
+            problems.push("relay.status_interval_ms must be between 1 and 30000 (well inside wal_sender_timeout, 60 s by default)".into());
+        }
+        if self.relay.outbox_cleanup_interval_ms == 0 {
+            problems.push("relay.outbox_cleanup_interval_ms must be at least 1".into());
+        }
+        if self.worker.max_in_flight == 0 {
+            problems.push("worker.max_in_flight must be at least 1".into());
+        }
+        if self.worker.scheduler_interval_ms == 0 || self.worker.scheduler_interval_ms > 1_000 {
+            problems.push("worker.scheduler_interval_ms must be between 1 and 1000 (retries fire within about a second of their due time)".into());
+        }
+        if !(self.worker.circuit_failure_ratio > 0.0 && self.worker.circuit_failure_ratio <= 1.0) {
+            problems.push("worker.circuit_failure_ratio must be above 0 and at most 1".into());
+        }
+        let delays = &self.worker.incoming_retry_delays_seconds;
+        if delays.len() > 50 || delays.iter().any(|d| !(1..=86_400).contains(d)) {
+            problems.push("worker.incoming_retry_delays_seconds must list at most 50 waits, each from 1 to 86400 seconds (or be empty: the default ladder)".into());
+        }
+        if self.worker.processing_timeout_seconds == 0 {
+            problems.push("worker.processing_timeout_seconds must be at least 1".into());
+        }
+        if !(1..=10_000).contains(&self.replay.batch_size) {
+            problems.push("replay.batch_size must be from 1 to 10000 (Events per batch, one transaction each)".into());
+        }
+        if !(self.replay.max_deliveries_per_second.is_finite() && (1.0..=100_000.0).contains(&self.replay.max_deliveries_per_second)) {
+            problems.push("replay.max_deliveries_per_second must be from 1 to 100000 (100 is the default)".into());
+        }
+        if !(1..=3_650).contains(&self.replay.max_range_days) {
+            problems.push("replay.max_range_days must be from 1 to 3650".into());
+        }
+        let r = &self.retention;
+        for (key, days) in [("events_days", r.events_days), ("failed_days", r.failed_days), ("attempts_days", r.attempts_days)] {
+            if !(days.is_finite() && days > 0.0 && days <= 36_500.0) {
+                problems.push(format!("retention.{key} is {days}: it must be above 0 and at most 36500 (days; fractions allowed, 0.0035 is about 5 minutes)"));
+            }
+        }
+        if !(r.interval_seconds.is_finite() && (0.1..=86_400.0).contains(&r.interval_seconds)) {
+            problems.push("retention.interval_seconds must be from 0.1 to 86400 (60 is the default)".into());
+        }
+        if !(10..=100_000).contains(&r.batch_rows) {
+            problems.push("retention.batch_rows must be from 10 to 100000 (1000 is the default)".into());
+        }
+        if !(1..=100).contains(&r.max_busy_percent) {
+            problems.push("retention.max_busy_percent must be from 1 to 100 (10 is the default)".into());
+        }
+        if r.max_rows_per_second > 10_000_000 {
+            problems.push("retention.max_rows_per_second must be at most 10000000 (3000 is the default; 0: no cap)".into());
+        }
+        if !(1..=1_000).contains(&r.batch_target_ms) {
+            problems.push("retention.batch_target_ms must be from 1 to 1000 (10 is the default; batches are meant to stay under 100 ms)".into());
+        }
+        for cidr in &self.network.allow_cidrs {
+            if !valid_cidr(cidr) {
+                problems.push(format!("network.allow_cidrs entry '{cidr}' is not a CIDR such as 127.0.0.0/8 or ::1/128"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+}
+
+impl IngressConfig {
+    /// What [`Config::validate`] reports about the `ingress.*` keys.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if !(1024..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
+            problems.push(format!("ingress.max_body_bytes is {}: it must be between 1024 and 67108864 (524288 is the default)", self.max_body_bytes));
+        }
+        if self.secret_overlap_seconds > 30 * 24 * 3600 {
+            problems.push(format!("ingress.secret_overlap_seconds is {}: it must be at most 2592000 (30 days; 86400 is the default)", self.secret_overlap_seconds));
+        }
+        let url = self.public_url.trim_end_matches('/');
+        let valid_url = url.is_empty()
+            || ((url.starts_with("http://") || url.starts_with("https://")) && !url.contains(['?', '#', ' ']) && url.split("://").nth(1).is_some_and(|rest| !rest.is_empty()));
+        if !valid_url {
+            problems.push(format!("ingress.public_url '{}' must be an http(s) URL without query, e.g. https://hooks.example.com (or empty)", self.public_url));
+        }
+        problems
+    }
+}
+
+fn valid_topic(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 249
+        && name != "."
+        && name != ".."
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+fn valid_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase())
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+fn valid_cidr(cidr: &str) -> bool {
+    let Some((addr, len)) = cidr.split_once('/') else { return false };
+    let Ok(len) = len.parse::<u8>() else { return false };
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => len <= 32,
+        Ok(std::net::IpAddr::V6(_)) => len <= 128,
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, FileSource, Overrides};
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn invalid_values_say_how_to_fix() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_KAFKA__PARTITIONS", "0"), ("RAILHOOK_DATABASE__URL", "mysql://x")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("kafka.partitions is 0"), "{err}");
+        assert!(err.contains("RAILHOOK_DATABASE__URL"), "{err}");
+    }
+
+    #[test]
+    fn server_limits_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__HEADER_READ_TIMEOUT_MS", "0"), ("RAILHOOK_API__BODY_READ_TIMEOUT_MS", "99"), ("RAILHOOK_API__MAX_CONNECTIONS", "0")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["api.header_read_timeout_ms is 0", "api.body_read_timeout_ms is 99", "api.max_connections must be at least 1"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_API__MAX_CONNECTIONS", "8")]), &Overrides::default()).unwrap();
+        assert_eq!((ok.api.max_connections, ok.api.header_read_timeout_ms, ok.api.body_read_timeout_ms), (8, 10_000, 30_000));
+        assert_eq!((ok.api.linger_timeout_ms, ok.api.linger_max_bytes), (5_000, 4 << 20));
+    }
+
+    #[test]
+    fn lingering_bounds_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__LINGER_TIMEOUT_MS", "600001"), ("RAILHOOK_API__LINGER_MAX_BYTES", "1099511627777")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["api.linger_timeout_ms is 600001", "api.linger_max_bytes is 1099511627777"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let off = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_API__LINGER_TIMEOUT_MS", "0"), ("RAILHOOK_API__LINGER_MAX_BYTES", "0")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!((off.api.linger_timeout_ms, off.api.linger_max_bytes), (0, 0));
+    }
+
+    #[test]
+    fn ingress_keys_are_validated() {
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_INGRESS__MAX_BODY_BYTES", "10"), ("RAILHOOK_INGRESS__PUBLIC_URL", "ftp://x")]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in ["ingress.max_body_bytes is 10", "ingress.public_url 'ftp://x'"] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_INGRESS__PUBLIC_URL", "https://hooks.example.com/in/")]), &Overrides::default()).unwrap();
+        assert_eq!((ok.ingress.max_body_bytes, ok.ingress.secret_overlap_seconds), (512 * 1024, 86_400));
+    }
+}
