@@ -302,8 +302,16 @@ fn kind_checks(k: &KindInputs, faults: &[&FaultRecord], out: &mut ByKind) {
                 if detail_u64(f, "takeover_ms").is_none() {
                     r.failures.push("no relay was streaming again after the kill".into());
                 }
+                // One per takeover, in order (the next fault may have begun before the
+                // stream's first new Delivery arrived; its own segment's figures say).
                 let gap = stream_gap_ms(k, f.started_at);
-                r.figures.insert("stream_gap_ms".into(), gap.map_or(serde_json::Value::Null, Into::into));
+                let takeover = detail_u64(f, "takeover_ms");
+                for (key, value) in [("stream_gaps_ms", gap), ("takeovers_ms", takeover.map(|t| t as i64))] {
+                    let list = r.figures.entry(key.into()).or_insert_with(|| serde_json::json!([]));
+                    if let Some(list) = list.as_array_mut() {
+                        list.push(value.map_or(serde_json::Value::Null, Into::into));
+                    }
+                }
             }
             FaultKind::DiskFull => {
                 if r.clients_saw.answered_503 == 0 {

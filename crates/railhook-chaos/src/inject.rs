@@ -74,30 +74,35 @@ pub async fn inject(plan: &[PlannedFault], opts: &Options, t: &mut Targets<'_>, 
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // The bursts, and the fault once half of them is accepted (or after 15 s regardless).
-        let progress = Arc::new(AtomicUsize::new(0));
-        let mut burst_size = 0;
-        for types in &bursts.types {
-            let (api, key, run, types, first) = (bursts.api.clone(), bursts.key.clone(), bursts.run.clone(), types.clone(), next_index);
-            next_index += types.len();
-            burst_size += types.len();
-            let (sending, progress, concurrency) = (sending.clone(), progress.clone(), opts.concurrency);
-            burst_tasks.push(tokio::spawn(async move {
-                client::send_burst(&api, &key, &run, first, types, concurrency, Duration::from_secs(900), sending, progress).await;
-            }));
+        // A full disk and the panicking worker get theirs while they last instead: what they
+        // must show (the ingest's 503s, tasks that panic) needs requests during the fault,
+        // also when the paced stream has ended before it.
+        let during = matches!(fault.kind, FaultKind::DiskFull | FaultKind::TaskPanic);
+        if !during {
+            let (tasks, half) = launch_bursts(bursts, opts, sending, fault_no, &mut next_index);
+            burst_tasks.extend(tasks);
+            let _ = wait_for(Duration::from_secs(15), "half of the ordered and incoming bursts", || half()).await;
         }
-        let incoming_progress = Arc::new(AtomicUsize::new(0));
-        burst_tasks.push(incoming_burst(bursts, opts, fault_no, incoming_progress.clone()));
-        let _ = wait_for(Duration::from_secs(15), "half of the ordered and incoming bursts", || {
-            let (progress, incoming) = (progress.clone(), incoming_progress.clone());
-            let incoming_size = bursts.incoming.size;
-            async move { progress.load(Ordering::SeqCst) * 2 >= burst_size && incoming.load(Ordering::SeqCst) * 2 >= incoming_size }
-        })
-        .await;
         let at_accepted = sending.accepted_count.load(Ordering::SeqCst);
         let link = fault.link.map(|l| l.name()).unwrap_or_default();
         eprintln!("railhook-chaos: {} {link} at {at_accepted} accepted", fault.kind.name());
         let started_at = Utc::now();
-        let (started_at, detail) = match one(fault, opts, t).await {
+        let injected = if fault.kind == FaultKind::DiskFull {
+            let launch = async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                launch_bursts(bursts, opts, sending, fault_no, &mut next_index).0
+            };
+            let (injected, tasks) = tokio::join!(one(fault, opts, t), launch);
+            burst_tasks.extend(tasks);
+            injected
+        } else {
+            let injected = one(fault, opts, t).await;
+            if during {
+                burst_tasks.extend(launch_bursts(bursts, opts, sending, fault_no, &mut next_index).0);
+            }
+            injected
+        };
+        let (started_at, detail) = match injected {
             Ok((at, detail)) => (at.unwrap_or(started_at), detail),
             Err(e) => {
                 eprintln!("railhook-chaos: {} could not be injected: {e:#}", fault.kind.name());
@@ -110,6 +115,28 @@ pub async fn inject(plan: &[PlannedFault], opts: &Options, t: &mut Targets<'_>, 
         let _ = task.await;
     }
     (records, next_index - bursts.first_index)
+}
+
+/// Sends fault `fault_no`'s bursts (events `next_index..`, then provider events); returns
+/// their tasks and a test of whether half of each was accepted.
+fn launch_bursts(bursts: &Bursts, opts: &Options, sending: &Arc<client::Sending>, fault_no: usize, next_index: &mut usize) -> (Vec<tokio::task::JoinHandle<()>>, impl Fn() -> std::future::Ready<bool>) {
+    let mut tasks = Vec::new();
+    let progress = Arc::new(AtomicUsize::new(0));
+    let mut burst_size = 0;
+    for types in &bursts.types {
+        let (api, key, run, types, first) = (bursts.api.clone(), bursts.key.clone(), bursts.run.clone(), types.clone(), *next_index);
+        *next_index += types.len();
+        burst_size += types.len();
+        let (sending, progress, concurrency) = (sending.clone(), progress.clone(), opts.concurrency);
+        tasks.push(tokio::spawn(async move {
+            client::send_burst(&api, &key, &run, first, types, concurrency, Duration::from_secs(900), sending, progress).await;
+        }));
+    }
+    let incoming_progress = Arc::new(AtomicUsize::new(0));
+    tasks.push(incoming_burst(bursts, opts, fault_no, incoming_progress.clone()));
+    let incoming_size = bursts.incoming.size;
+    let half = move || std::future::ready(progress.load(Ordering::SeqCst) * 2 >= burst_size && incoming_progress.load(Ordering::SeqCst) * 2 >= incoming_size);
+    (tasks, half)
 }
 
 /// One fault, start to end. Returns when it started, if not now (a kill: when the signal
@@ -175,6 +202,15 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
             let worker = &t.stack.workers[w];
             let from = worker.log_len();
             worker.respawn_with(vec![("RAILHOOK_FAILPOINT_TASK_PANIC".into(), TASK_PANIC_PROBABILITY.into())]).await;
+            // Ready again (its consumer in the group) before its burst is sent.
+            let ready = format!("http://127.0.0.1:{}/readyz", t.stack.ports.worker_ops[w]);
+            let http = t.http.clone();
+            let _ = wait_for(Duration::from_secs(60), "the panicking worker's /readyz", || {
+                let (http, ready) = (http.clone(), ready.clone());
+                async move { matches!(http.get(&ready).send().await, Ok(r) if r.status().is_success()) }
+            })
+            .await;
+            let worker = &t.stack.workers[w];
             (None, json!({"worker": worker.name, "failpoint": format!("RAILHOOK_FAILPOINT_TASK_PANIC={TASK_PANIC_PROBABILITY}"), "log_from": from}))
         }
     })

@@ -28,7 +28,8 @@ enum Order {
     /// SIGTERM (SIGKILL after a bounded wait); started again only on `Resume`.
     Hold(oneshot::Sender<()>),
     Resume,
-    /// SIGKILL, then start again at once with these extra environment variables.
+    /// SIGTERM (SIGKILL after a bounded wait), then start again at once with these extra
+    /// environment variables.
     Respawn(Vec<(String, String)>, oneshot::Sender<()>),
 }
 
@@ -81,7 +82,8 @@ impl Supervised {
         let _ = self.orders.send(Order::Resume).await;
     }
 
-    /// SIGKILL, then starts it again at once with `env` added (for the rest of its life).
+    /// SIGTERM (SIGKILL after a bounded wait), then starts it again at once with `env` added
+    /// (for the rest of its life).
     pub async fn respawn_with(&self, env: Vec<(String, String)>) {
         let (tx, rx) = oneshot::channel();
         if self.orders.send(Order::Respawn(env, tx)).await.is_ok() {
@@ -213,8 +215,9 @@ async fn supervise(mut spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc
                         break;
                     }
                     Some(Order::Respawn(env, done)) => {
-                        let _ = child.start_kill();
-                        let _ = child.wait().await;
+                        // Stopped as at a deploy (its Attempts drained), not killed: the
+                        // fault is what the new environment does, not the stop.
+                        terminate(&spec, &mut child).await;
                         spec.env.extend(env);
                         let _ = done.send(());
                         break;
