@@ -47,6 +47,29 @@ ensure_rust() {
   command -v cargo >/dev/null 2>&1 || die "cargo is not installed: install Rust with rustup (https://rustup.rs) and rerun"
 }
 
+# What the fault-injection suite (crates/railhook-chaos; its quick mode runs in scripts/test)
+# needs beside Postgres and Kafka: Toxiproxy, the fault-injecting TCP proxy between the
+# processes and the servers (a Go module, built with `go install` from the Go module proxy
+# into .local/toxiproxy/bin; Go from Debian when the machine has none).
+TOXIPROXY_VERSION="v2.5.0"
+TOXIPROXY_BIN="$STATE/toxiproxy/bin/toxiproxy-server"
+ensure_chaos_tools() {
+  if [ ! -x "$TOXIPROXY_BIN" ]; then
+    if ! command -v go >/dev/null 2>&1; then
+      [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+    fi
+    command -v go >/dev/null 2>&1 || ensure_apt golang-go
+    log "installing toxiproxy-server $TOXIPROXY_VERSION (go install github.com/Shopify/toxiproxy/v2/cmd/server)"
+    local gobin
+    gobin="$(mktemp -d)"
+    GOBIN="$gobin" go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" >&2
+    mkdir -p "$(dirname "$TOXIPROXY_BIN")"
+    mv "$gobin/server" "$TOXIPROXY_BIN"
+    rm -rf "$gobin"
+  fi
+  export RAILHOOK_TOXIPROXY_BIN="$TOXIPROXY_BIN"
+}
+
 # The `cargo` target directory, shared by every checkout of this machine when
 # CARGO_TARGET_DIR is set; ./target otherwise.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

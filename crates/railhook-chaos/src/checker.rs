@@ -12,10 +12,14 @@
 //!   its own and
 //!   - an Attempt that failed (timeout, connection error) was in flight when it arrived: a
 //!     lost response; or
-//!   - no Attempt covers it and a worker was killed after it arrived, within the time the
-//!     Attempt's record would have taken (its timeout plus the finalise's retries); or
-//!   - likewise, Postgres was restarting then (the finalise could not reach it and gave up;
-//!     the sweep handed the Delivery out again).
+//!   - no Attempt covers it and a worker was killed (or its attempt task panicked) after it
+//!     arrived, within the time the Attempt's record would have taken (its timeout plus the
+//!     finalise's retries); or
+//!   - likewise, Postgres was restarting, crashed, full or out of the worker's reach then
+//!     (the finalise could not reach it and gave up; the sweep handed the Delivery out
+//!     again); or
+//!   - its SUCCESS Attempt is on record but a Postgres crash forgot the claim it was made
+//!     under: another Attempt carries the same number ([`crate::record::explain`]).
 //!
 //!   A second 2xx that has a SUCCESS Attempt of its own, or one that nothing explains, is
 //!   unexplained.
@@ -37,25 +41,27 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use railhook_core::pattern::{EventType, EventTypePattern};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::plan::FaultKind;
 use crate::receiver::Arrival;
-
-/// Slack around an Attempt's recorded window when matching an arrival to it (clocks are the
-/// same machine's; the Attempt's start is taken just before the request is sent).
-const MATCH_SLACK_MS: i64 = 500;
-/// How long after an arrival an Attempt's record may still be written: the request's
-/// timeout plus the finalise's retries (about 6.3 s) and scheduling slack.
-const RECORD_HORIZON_EXTRA_S: i64 = 12;
+use crate::record::{explain, repeated_attempt_numbers, AttemptRow, DuplicateSummary, Explanation, FaultRecord, FaultTimes};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AcceptedEvent {
     pub index: usize,
     pub id: Uuid,
     pub event_type: String,
+    /// When the client had its answer.
+    #[serde(default = "epoch")]
+    pub accepted_at: DateTime<Utc>,
+}
+
+fn epoch() -> DateTime<Utc> {
+    DateTime::UNIX_EPOCH
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,36 +91,6 @@ pub struct DeliveryRow {
     pub created_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AttemptRow {
-    pub delivery_id: Uuid,
-    pub attempt_number: i32,
-    pub started_at: DateTime<Utc>,
-    pub duration_ms: i32,
-    pub result: String,
-    pub status_code: Option<i32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultKind {
-    KillApi,
-    KillRelay,
-    KillWorker,
-    KafkaRestart,
-    PostgresRestart,
-    ReceiverOutage,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FaultRecord {
-    pub kind: FaultKind,
-    pub started_at: DateTime<Utc>,
-    pub ended_at: DateTime<Utc>,
-    /// Accepted events when it was injected.
-    pub at_accepted: usize,
-}
-
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
     pub planned_events: usize,
@@ -136,41 +112,19 @@ pub struct Inputs {
     pub gap_timeouts_allowed: bool,
 }
 
-/// Why a 2xx arrival happened, as far as the record shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Explanation {
-    /// A SUCCESS Attempt was in flight when it arrived.
-    SuccessAttempt,
-    /// Window 8: a failed Attempt (timeout, error) was in flight: the response was lost.
-    LostResponse,
-    /// Window 8: no Attempt on record; a worker was killed before it could write one.
-    WorkerKilled,
-    /// Window 8: no Attempt on record; Postgres was restarting when it should have been written.
-    PostgresRestart,
-    /// No Attempt on record and no fault to explain why.
-    Unrecorded,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Duplicate {
     pub delivery_id: String,
     pub endpoint_id: Uuid,
     pub arrivals_2xx: usize,
     pub received_at: DateTime<Utc>,
+    /// When the Delivery had arrived twice: the later of this arrival and the one counted
+    /// as its delivery (a forgotten claim's extra arrival is the earlier one).
+    #[serde(default = "epoch")]
+    pub twice_at: DateTime<Utc>,
     pub explanation: Explanation,
     /// "8" or "unexplained".
     pub window: String,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct DuplicateSummary {
-    pub total: usize,
-    pub window_8: usize,
-    pub window_8_lost_response: usize,
-    pub window_8_worker_killed: usize,
-    pub window_8_postgres_restart: usize,
-    pub unexplained: usize,
 }
 
 /// How many ordered Deliveries were in flight (created, not yet applied) when a fault began.
@@ -238,17 +192,11 @@ pub struct Verdict {
     pub arrivals_unknown_webhook_id: usize,
     pub bad_signatures: usize,
     pub ordering: OrderingSummary,
-    /// The incoming direction's figures and failures ([`crate::forwards`]), merged into
-    /// `failures` and `passed` by [`merge_forwards`].
-    #[serde(default)]
-    pub forwards: crate::forwards::ForwardsVerdict,
-}
-
-/// Adds the incoming direction's verdict to the Deliveries': its failures fail the run.
-pub fn merge_forwards(v: &mut Verdict, forwards: crate::forwards::ForwardsVerdict) {
-    v.failures.extend(forwards.failures.iter().cloned());
-    v.passed = v.failures.is_empty();
-    v.forwards = forwards;
+    /// The events of the lost and of the stuck Deliveries (for the report by fault kind).
+    #[serde(skip)]
+    pub lost_events: Vec<Uuid>,
+    #[serde(skip)]
+    pub stuck_events: Vec<Uuid>,
 }
 
 const EXAMPLES: usize = 20;
@@ -316,6 +264,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         }
         if d.status == "PENDING" || d.status == "PROCESSING" {
             v.stuck += 1;
+            v.stuck_events.push(d.event_id);
             if v.stuck_examples.len() < EXAMPLES {
                 v.stuck_examples.push(format!("{} {} (attempts {})", delivery_text(d.id), d.status, d.attempt_count));
             }
@@ -327,6 +276,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
     for (event, sub) in &expected {
         let Some(d) = by_pair.get(&(*event, Some(sub.id))) else {
             v.lost += 1;
+            v.lost_events.push(*event);
             if v.lost_examples.len() < EXAMPLES {
                 v.lost_examples.push(format!("{}/{}: no Delivery in Postgres", railhook_core::EventId(*event), railhook_core::SubscriptionId(sub.id)));
             }
@@ -343,15 +293,15 @@ pub fn check(inputs: &Inputs) -> Verdict {
             continue;
         }
         v.lost += 1;
+        v.lost_events.push(*event);
         if v.lost_examples.len() < EXAMPLES {
             v.lost_examples.push(format!("{}: {} with {} attempts, never answered 2xx", delivery_text(d.id), d.status, tried.len()));
         }
     }
 
     // Duplicates.
-    let kills: Vec<DateTime<Utc>> = inputs.faults.iter().filter(|f| f.kind == FaultKind::KillWorker).map(|f| f.started_at).collect();
-    let pg_restarts: Vec<(DateTime<Utc>, DateTime<Utc>)> =
-        inputs.faults.iter().filter(|f| f.kind == FaultKind::PostgresRestart).map(|f| (f.started_at, f.ended_at)).collect();
+    let fault_times = FaultTimes::new(&inputs.faults);
+    let repeated = repeated_attempt_numbers(&inputs.attempts);
     for d in &inputs.deliveries {
         let Some(list) = arrivals.get(&d.id) else { continue };
         let mut ok: Vec<&Arrival> = list.iter().copied().filter(|a| a.answered_2xx()).collect();
@@ -361,7 +311,7 @@ pub fn check(inputs: &Inputs) -> Verdict {
         ok.sort_by_key(|a| a.received_at);
         let tried = attempts.get(&d.id).map(Vec::as_slice).unwrap_or_default();
         let timeout = d.subscription_id.and_then(|s| timeouts.get(&s).copied()).unwrap_or(30);
-        let explained: Vec<Explanation> = ok.iter().map(|a| explain(a, tried, timeout, &kills, &pg_restarts)).collect();
+        let explained: Vec<Explanation> = ok.iter().map(|a| explain(a, tried, timeout, &fault_times, &repeated)).collect();
         // The one that is not a duplicate: the first with a SUCCESS Attempt of its own, else
         // the first.
         let primary = explained.iter().position(|e| *e == Explanation::SuccessAttempt).unwrap_or(0);
@@ -369,22 +319,14 @@ pub fn check(inputs: &Inputs) -> Verdict {
             if i == primary {
                 continue;
             }
-            let window_8 = matches!(e, Explanation::LostResponse | Explanation::WorkerKilled | Explanation::PostgresRestart);
-            v.duplicates.total += 1;
-            match e {
-                Explanation::LostResponse => v.duplicates.window_8_lost_response += 1,
-                Explanation::WorkerKilled => v.duplicates.window_8_worker_killed += 1,
-                Explanation::PostgresRestart => v.duplicates.window_8_postgres_restart += 1,
-                _ => v.duplicates.unexplained += 1,
-            }
-            if window_8 {
-                v.duplicates.window_8 += 1;
-            }
+            let window_8 = e.is_window_8();
+            v.duplicates.count(*e);
             v.duplicate_details.push(Duplicate {
                 delivery_id: delivery_text(d.id),
                 endpoint_id: d.endpoint_id,
                 arrivals_2xx: ok.len(),
                 received_at: a.received_at,
+                twice_at: a.received_at.max(ok[primary].received_at),
                 explanation: *e,
                 window: if window_8 { "8".into() } else { "unexplained".into() },
             });
@@ -513,29 +455,6 @@ fn check_ordering(inputs: &Inputs) -> OrderingSummary {
     o
 }
 
-pub(crate) fn explain(a: &Arrival, tried: &[&AttemptRow], timeout_s: i64, kills: &[DateTime<Utc>], pg_restarts: &[(DateTime<Utc>, DateTime<Utc>)]) -> Explanation {
-    let slack = Duration::milliseconds(MATCH_SLACK_MS);
-    let covering: Vec<&&AttemptRow> = tried
-        .iter()
-        .filter(|t| t.started_at - slack <= a.received_at && a.received_at <= t.started_at + Duration::milliseconds(i64::from(t.duration_ms)) + slack)
-        .collect();
-    if covering.iter().any(|t| t.result == "success") {
-        return Explanation::SuccessAttempt;
-    }
-    if !covering.is_empty() {
-        return Explanation::LostResponse;
-    }
-    let from = a.received_at - Duration::seconds(1);
-    let until = a.received_at + Duration::seconds(timeout_s + RECORD_HORIZON_EXTRA_S);
-    if kills.iter().any(|k| from <= *k && *k <= until) {
-        return Explanation::WorkerKilled;
-    }
-    if pg_restarts.iter().any(|(s, e)| *s <= until && from <= *e) {
-        return Explanation::PostgresRestart;
-    }
-    Explanation::Unrecorded
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,6 +476,7 @@ mod tests {
             idempotency_key: None,
             incoming_event_id: None,
             forward_attempt: None,
+            sent_timestamp: t(at).timestamp(),
         }
     }
 
@@ -571,7 +491,7 @@ mod tests {
         let deliveries = [Uuid::now_v7(), Uuid::now_v7()];
         let mut inputs = Inputs { planned_events: 2, subscriptions: vec![sub.clone()], ..Inputs::default() };
         for i in 0..2 {
-            inputs.accepted.push(AcceptedEvent { index: i, id: events[i], event_type: "a.b".into() });
+            inputs.accepted.push(AcceptedEvent { index: i, id: events[i], event_type: "a.b".into(), accepted_at: t(0) });
             inputs.events_in_postgres.push(events[i]);
             inputs.deliveries.push(DeliveryRow {
                 id: deliveries[i],
@@ -662,7 +582,7 @@ mod tests {
         // Worker killed: the receiver answered, then the worker died before the record; the
         // sweep handed the Delivery out again 20 s later.
         inputs.arrivals.push(arrival(deliveries[1], -20_000, 200));
-        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, started_at: t(-19_990), ended_at: t(-19_990), at_accepted: 1 });
+        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(-19_990), ended_at: t(-19_990), at_accepted: 1, detail: serde_json::Value::Null });
         let v = check(&inputs);
         assert!(v.passed, "{:?}", v.failures);
         assert_eq!(v.duplicates.total, 2);
@@ -674,6 +594,30 @@ mod tests {
         let v = check(&inputs);
         assert!(!v.passed);
         assert_eq!(v.duplicates.unexplained, 1);
+    }
+
+    #[test]
+    fn a_claim_forgotten_by_a_crash_is_window_8_but_two_numbered_successes_are_not() {
+        // Attempt 1 succeeded at 1 s, but Postgres crashed at 1.2 s and forgot its claim: the
+        // Delivery went again, and its Attempt 1 (the same number) succeeded at 8 s.
+        let crash = |from: i64, to: i64| FaultRecord { kind: FaultKind::PostgresCrash, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, detail: serde_json::Value::Null };
+        let (mut inputs, deliveries) = base();
+        inputs.attempts.push(attempt(deliveries[0], 1, 8000, 20, "success"));
+        inputs.arrivals.push(arrival(deliveries[0], 8010, 200));
+        inputs.faults.push(crash(1200, 3000));
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        assert_eq!((v.duplicates.total, v.duplicates.window_8_forgotten_claim), (1, 1));
+
+        // Without the crash, two SUCCESS Attempts of one number explain nothing.
+        inputs.faults.clear();
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.duplicates.unexplained, 1);
+
+        // A crash long before the first Attempt does not explain it either.
+        inputs.faults.push(crash(-60_000, -58_000));
+        assert_eq!(check(&inputs).duplicates.unexplained, 1);
     }
 
     #[test]
@@ -698,7 +642,7 @@ mod tests {
         for k in 0..n {
             let (event, delivery) = (Uuid::now_v7(), Uuid::now_v7());
             inputs.planned_events += 1;
-            inputs.accepted.push(AcceptedEvent { index: 2 + k, id: event, event_type: "o.x".into() });
+            inputs.accepted.push(AcceptedEvent { index: 2 + k, id: event, event_type: "o.x".into(), accepted_at: t(9_000) });
             inputs.events_in_postgres.push(event);
             inputs.deliveries.push(DeliveryRow {
                 id: delivery,
@@ -809,7 +753,7 @@ mod tests {
         let (mut inputs, _) = ordered(5);
         // Before any was created; while #3..#5 were not applied (#2 applied at 10.11 s); after.
         for at in [5_000, 10_150, 20_000] {
-            inputs.faults.push(FaultRecord { kind: FaultKind::KafkaRestart, started_at: t(at), ended_at: t(at + 100), at_accepted: 1 });
+            inputs.faults.push(FaultRecord { kind: FaultKind::KafkaRestart, link: None, started_at: t(at), ended_at: t(at + 100), at_accepted: 1, detail: serde_json::Value::Null });
         }
         let v = check(&inputs);
         assert!(v.passed, "{:?}", v.failures);

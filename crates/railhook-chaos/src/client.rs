@@ -10,29 +10,66 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::checker::{AcceptedEvent, SubscriptionSpec};
 
+/// The api processes: each request goes to the next in turn.
 #[derive(Clone)]
 pub struct Api {
-    pub base: String,
+    bases: Arc<Vec<String>>,
+    next: Arc<AtomicUsize>,
     pub http: reqwest::Client,
 }
 
+/// Something the client saw that was not the answer it wanted: a 5xx (with whether its body
+/// was the API's JSON error), a 429, a connection error or a timeout. By time, so that the
+/// report can say what each fault's clients saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trouble {
+    pub at: DateTime<Utc>,
+    /// `5xx`, `429`, `timeout` or `connection`.
+    pub what: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// A 5xx's body was `{"error": {"code": ..., "message": ...}}`.
+    pub json_error: bool,
+}
+
+impl Trouble {
+    pub fn of_error(e: &reqwest::Error) -> Trouble {
+        Trouble { at: Utc::now(), what: if e.is_timeout() { "timeout" } else { "connection" }, status: None, json_error: false }
+    }
+
+    /// A 5xx or 429 answer, its body read.
+    pub async fn of_answer(r: reqwest::Response) -> Trouble {
+        let status = r.status().as_u16();
+        let body: Option<Value> = r.json().await.ok();
+        let json_error = body.is_some_and(|b| b["error"]["code"].is_string() && b["error"]["message"].is_string());
+        Trouble { at: Utc::now(), what: if status == 429 { "429" } else { "5xx" }, status: Some(status), json_error }
+    }
+}
+
 impl Api {
-    pub fn new(base: String) -> Api {
+    pub fn new(bases: Vec<String>) -> Api {
+        assert!(!bases.is_empty(), "at least one api process");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).pool_max_idle_per_host(16).build().expect("reqwest client");
-        Api { base, http }
+        Api { bases: Arc::new(bases), next: Arc::new(AtomicUsize::new(0)), http }
+    }
+
+    /// The next api process's base URL.
+    pub fn base(&self) -> &str {
+        &self.bases[self.next.fetch_add(1, Ordering::Relaxed) % self.bases.len()]
     }
 
     /// POST with retries on connection errors and 5xx (set-up only: before any fault).
     pub(crate) async fn post(&self, path: &str, bearer: &str, body: Value) -> anyhow::Result<Value> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let sent = self.http.post(format!("{}{path}", self.base)).bearer_auth(bearer).json(&body).send().await;
+            let sent = self.http.post(format!("{}{path}", self.base())).bearer_auth(bearer).json(&body).send().await;
             match sent {
                 Ok(r) if r.status().is_success() => return Ok(r.json().await?),
                 Ok(r) if r.status().is_client_error() => {
@@ -141,6 +178,7 @@ pub struct Sending {
     /// Accepted events of the ordered bursts.
     pub burst_accepted: AtomicUsize,
     pub stats: Mutex<SendStats>,
+    pub troubles: Mutex<Vec<Trouble>>,
 }
 
 /// Sends events `0..count` at `rate` per second over `concurrency` connections; returns when
@@ -197,7 +235,7 @@ async fn send_one(api: &Api, key: &str, run: &str, i: usize, event_type: String,
         sending.stats.lock().unwrap().requests += 1;
         let sent = api
             .http
-            .post(format!("{}/v1/events", api.base))
+            .post(format!("{}/v1/events", api.base()))
             .bearer_auth(key)
             .header("Idempotency-Key", &idempotency_key)
             .json(&body)
@@ -218,7 +256,7 @@ async fn send_one(api: &Api, key: &str, run: &str, i: usize, event_type: String,
                                 stats.created_201 += 1;
                             }
                         }
-                        sending.accepted.lock().unwrap().push(AcceptedEvent { index: i, id: id.0, event_type });
+                        sending.accepted.lock().unwrap().push(AcceptedEvent { index: i, id: id.0, event_type, accepted_at: Utc::now() });
                         counter.fetch_add(1, Ordering::SeqCst);
                         return;
                     }
@@ -226,14 +264,21 @@ async fn send_one(api: &Api, key: &str, run: &str, i: usize, event_type: String,
                     None => sending.stats.lock().unwrap().retried_connection_errors += 1,
                 }
             }
-            Ok(r) if r.status().is_server_error() || r.status().as_u16() == 429 => sending.stats.lock().unwrap().retried_5xx += 1,
+            Ok(r) if r.status().is_server_error() || r.status().as_u16() == 429 => {
+                sending.stats.lock().unwrap().retried_5xx += 1;
+                let trouble = Trouble::of_answer(r).await;
+                sending.troubles.lock().unwrap().push(trouble);
+            }
             Ok(r) => {
                 let status = r.status();
                 let text = r.text().await.unwrap_or_default();
                 sending.stats.lock().unwrap().rejected.push(format!("event {i}: {status} {text}"));
                 return;
             }
-            Err(_) => sending.stats.lock().unwrap().retried_connection_errors += 1,
+            Err(e) => {
+                sending.stats.lock().unwrap().retried_connection_errors += 1;
+                sending.troubles.lock().unwrap().push(Trouble::of_error(&e));
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -16,7 +16,7 @@
 //! - **lost**: expected, never answered 2xx, and not FAILED with every Attempt a failure. A
 //!   missing Forward row is lost too.
 //! - **duplicate**: each 2xx for one `Idempotency-Key` beyond its first, explained by window 8
-//!   exactly as the Deliveries' are ([`crate::checker`]), or unexplained.
+//!   exactly as the Deliveries' are ([`crate::record::explain`]), or unexplained.
 //! - **headers**: `Idempotency-Key` = `webhook-id` = the Forward id, `X-Incoming-Event-Id`
 //!   = its Incoming Event, `X-Forward-Attempt` between 1 and its Attempts.
 //! - **stuck**: a Forward still PENDING or PROCESSING after the drain.
@@ -27,8 +27,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::checker::{explain, AttemptRow, DuplicateSummary, Explanation, FaultKind, FaultRecord};
+use crate::plan::FaultKind;
 use crate::receiver::Arrival;
+use crate::record::{explain, repeated_attempt_numbers, AttemptRow, DuplicateSummary, Explanation, FaultRecord, FaultTimes};
 
 const EXAMPLES: usize = 20;
 
@@ -43,6 +44,13 @@ pub struct IncomingRequest {
     pub status: u16,
     /// The Incoming Event the answer named.
     pub id: Uuid,
+    /// When the client had the answer.
+    #[serde(default = "epoch")]
+    pub answered_at: DateTime<Utc>,
+}
+
+fn epoch() -> DateTime<Utc> {
+    DateTime::UNIX_EPOCH
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,6 +134,14 @@ pub struct ForwardsVerdict {
     pub attempts_by_result: BTreeMap<String, usize>,
     pub in_flight_at_faults: Vec<ForwardsInFlight>,
     pub failures: Vec<String>,
+    /// The Incoming Events of the lost and of the stuck Forwards, and for each duplicate when
+    /// the Forward had arrived twice, with its explanation (for the report by fault kind).
+    #[serde(skip)]
+    pub lost_incoming: Vec<Uuid>,
+    #[serde(skip)]
+    pub stuck_incoming: Vec<Uuid>,
+    #[serde(skip)]
+    pub duplicate_arrivals: Vec<(DateTime<Utc>, Explanation)>,
 }
 
 fn fwd(id: Uuid) -> String {
@@ -244,6 +260,7 @@ fn check_forwards(
         rows.entry((f.incoming_event_id, f.destination_id)).or_default().push(f);
         if f.status == "PENDING" || f.status == "PROCESSING" {
             v.stuck += 1;
+            v.stuck_incoming.push(f.incoming_event_id);
             push(&mut v.stuck_examples, format!("{} {} (attempts {})", fwd(f.id), f.status, f.attempt_count));
         }
     }
@@ -254,6 +271,7 @@ fn check_forwards(
             expected_pairs += 1;
             let Some(found) = rows.get(&(*incoming, d.id)) else {
                 v.lost += 1;
+                v.lost_incoming.push(*incoming);
                 push(&mut v.lost_examples, format!("{}/{}: no Forward in Postgres", railhook_core::IncomingEventId(*incoming), railhook_core::DestinationId(d.id)));
                 continue;
             };
@@ -277,13 +295,14 @@ fn judge(f: &ForwardRow, arrivals: &HashMap<Uuid, Vec<&Arrival>>, attempts: &Has
         return;
     }
     v.lost += 1;
+    v.lost_incoming.push(f.incoming_event_id);
     push(&mut v.lost_examples, format!("{}: {} with {} attempts, never answered 2xx", fwd(f.id), f.status, tried.len()));
 }
 
 /// Every 2xx for one Forward beyond the first, explained as the Deliveries' are.
 fn check_duplicates(inputs: &ForwardInputs, arrivals: &HashMap<Uuid, Vec<&Arrival>>, attempts: &HashMap<Uuid, Vec<&AttemptRow>>, v: &mut ForwardsVerdict) {
-    let kills: Vec<DateTime<Utc>> = inputs.faults.iter().filter(|f| f.kind == FaultKind::KillWorker).map(|f| f.started_at).collect();
-    let pg_restarts: Vec<_> = inputs.faults.iter().filter(|f| f.kind == FaultKind::PostgresRestart).map(|f| (f.started_at, f.ended_at)).collect();
+    let fault_times = FaultTimes::new(&inputs.faults);
+    let repeated = repeated_attempt_numbers(&inputs.attempts);
     for f in &inputs.forwards {
         let mut ok: Vec<&Arrival> = arrivals.get(&f.id).into_iter().flatten().copied().filter(|a| a.answered_2xx()).collect();
         if ok.len() < 2 {
@@ -291,19 +310,11 @@ fn check_duplicates(inputs: &ForwardInputs, arrivals: &HashMap<Uuid, Vec<&Arriva
         }
         ok.sort_by_key(|a| a.received_at);
         let tried = attempts.get(&f.id).map(Vec::as_slice).unwrap_or_default();
-        let explained: Vec<Explanation> = ok.iter().map(|a| explain(a, tried, i64::from(f.timeout_seconds), &kills, &pg_restarts)).collect();
+        let explained: Vec<Explanation> = ok.iter().map(|a| explain(a, tried, i64::from(f.timeout_seconds), &fault_times, &repeated)).collect();
         let primary = explained.iter().position(|e| *e == Explanation::SuccessAttempt).unwrap_or(0);
         for (i, (a, e)) in ok.iter().zip(&explained).enumerate().filter(|(i, _)| *i != primary) {
-            let d = &mut v.duplicates;
-            d.total += 1;
-            match e {
-                Explanation::LostResponse => d.window_8_lost_response += 1,
-                Explanation::WorkerKilled => d.window_8_worker_killed += 1,
-                Explanation::PostgresRestart => d.window_8_postgres_restart += 1,
-                _ => d.unexplained += 1,
-            }
-            let window_8 = matches!(e, Explanation::LostResponse | Explanation::WorkerKilled | Explanation::PostgresRestart);
-            d.window_8 += usize::from(window_8);
+            v.duplicates.count(*e);
+            v.duplicate_arrivals.push((a.received_at.max(ok[primary].received_at), *e));
             let text = format!("{} 2xx #{} of {} at {} (X-Forward-Attempt {:?}): {e:?}", fwd(f.id), i + 1, ok.len(), a.received_at.format("%H:%M:%S%.3f"), a.forward_attempt);
             push(&mut v.duplicate_examples, text);
         }
@@ -368,6 +379,7 @@ mod tests {
             idempotency_key: Some(fwd(f.id)),
             incoming_event_id: Some(railhook_core::IncomingEventId(f.incoming_event_id).to_string()),
             forward_attempt: Some(attempt),
+            sent_timestamp: t(at).timestamp(),
         }
     }
 
@@ -380,14 +392,14 @@ mod tests {
         let mut inputs = ForwardInputs { planned: 2, destinations: vec![DestinationSpec { id: DST, source: 0, endpoint: 5 }], ..ForwardInputs::default() };
         for n in 0..2u128 {
             let (incoming, id) = (Uuid::from_u128(0x100 + n), Uuid::from_u128(0x200 + n));
-            inputs.requests.push(IncomingRequest { source: 0, provider_event_id: format!("msg_{n}"), resend: false, status: 202, id: incoming });
+            inputs.requests.push(IncomingRequest { source: 0, provider_event_id: format!("msg_{n}"), resend: false, status: 202, id: incoming, answered_at: t(0) });
             inputs.incoming_in_postgres.push(incoming);
             let f = ForwardRow { id, incoming_event_id: incoming, destination_id: DST, status: "SUCCESS".into(), attempt_count: 1, timeout_seconds: 30, created_at: t(0) };
             inputs.attempts.push(attempt(&f, 1, 10_000, "success"));
             inputs.arrivals.push(arrival(&f, 10_010, 200, 1));
             inputs.forwards.push(f);
         }
-        inputs.requests.push(IncomingRequest { source: 0, provider_event_id: "msg_1".into(), resend: true, status: 200, id: Uuid::from_u128(0x101) });
+        inputs.requests.push(IncomingRequest { source: 0, provider_event_id: "msg_1".into(), resend: true, status: 200, id: Uuid::from_u128(0x101), answered_at: t(0) });
         inputs
     }
 
@@ -434,7 +446,7 @@ mod tests {
         inputs.arrivals.push(arrival(&f, 5_000, 200, 1));
         let v = check(&inputs);
         assert_eq!((v.duplicates.total, v.duplicates.unexplained), (1, 1), "{v:?}");
-        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, started_at: t(6_000), ended_at: t(6_000), at_accepted: 1 });
+        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(6_000), ended_at: t(6_000), at_accepted: 1, detail: serde_json::Value::Null });
         let v = check(&inputs);
         assert_eq!((v.duplicates.window_8_worker_killed, v.duplicates.unexplained), (1, 0), "{v:?}");
         // Created before the kill and not answered 2xx by then: the second Forward only.

@@ -89,6 +89,7 @@ pub struct IncomingSending {
     resend_queue: Mutex<VecDeque<usize>>,
     /// Provider events sent in the bursts around the faults (on top of the stream's).
     pub burst_events: std::sync::atomic::AtomicUsize,
+    pub troubles: Mutex<Vec<crate::client::Trouble>>,
 }
 
 impl IncomingSending {
@@ -169,14 +170,21 @@ async fn send_one(api: &Api, tenancy: &IncomingTenancy, run: &str, k: usize, res
         }
         sending.stats.lock().unwrap().requests += 1;
         match post_signed(api, source, &id, &body).await {
-            Ok((status @ (200 | 202), Some(incoming))) => {
-                record(sending, IncomingRequest { source: s, provider_event_id: id, resend, status, id: incoming }, k);
+            Ok(Answer::Named(status, incoming)) => {
+                record(sending, IncomingRequest { source: s, provider_event_id: id, resend, status, id: incoming, answered_at: chrono::Utc::now() }, k);
                 return;
             }
             // An answer cut off after its status line is asked for again, as are 5xx and 429.
-            Ok((200 | 202, None)) | Err(_) => sending.stats.lock().unwrap().retried_connection_errors += 1,
-            Ok((status, _)) if status >= 500 || status == 429 => sending.stats.lock().unwrap().retried_5xx += 1,
-            Ok((status, _)) => {
+            Ok(Answer::CutOff) => sending.stats.lock().unwrap().retried_connection_errors += 1,
+            Err(e) => {
+                sending.stats.lock().unwrap().retried_connection_errors += 1;
+                sending.troubles.lock().unwrap().push(crate::client::Trouble::of_error(&e));
+            }
+            Ok(Answer::Trouble(trouble)) => {
+                sending.stats.lock().unwrap().retried_5xx += 1;
+                sending.troubles.lock().unwrap().push(trouble);
+            }
+            Ok(Answer::Refused(status)) => {
                 sending.refused.lock().unwrap().push(format!("incoming {k}: {status}"));
                 return;
             }
@@ -200,13 +208,25 @@ fn record(sending: &IncomingSending, request: IncomingRequest, k: usize) {
     sending.answered.lock().unwrap().push(request);
 }
 
-/// One provider request, signed now; its status and the Incoming Event its answer names.
-async fn post_signed(api: &Api, source: &SourceSetUp, id: &str, body: &str) -> reqwest::Result<(u16, Option<uuid::Uuid>)> {
+/// How a provider request was answered.
+enum Answer {
+    /// 200 or 202 naming the Incoming Event.
+    Named(u16, uuid::Uuid),
+    /// 200 or 202 whose body did not arrive whole.
+    CutOff,
+    /// 5xx or 429: asked again.
+    Trouble(crate::client::Trouble),
+    /// Any other status.
+    Refused(u16),
+}
+
+/// One provider request, signed now; how it was answered.
+async fn post_signed(api: &Api, source: &SourceSetUp, id: &str, body: &str) -> reqwest::Result<Answer> {
     let t = chrono::Utc::now().timestamp();
     let signature = sign(&source.secret, id, t, body.as_bytes());
     let r = api
         .http
-        .post(format!("{}{}", api.base, source.ingress_path))
+        .post(format!("{}{}", api.base(), source.ingress_path))
         .header("webhook-id", id)
         .header("webhook-timestamp", t.to_string())
         .header("webhook-signature", signature)
@@ -215,7 +235,16 @@ async fn post_signed(api: &Api, source: &SourceSetUp, id: &str, body: &str) -> r
         .send()
         .await?;
     let status = r.status().as_u16();
+    if status >= 500 || status == 429 {
+        return Ok(Answer::Trouble(crate::client::Trouble::of_answer(r).await));
+    }
+    if status != 200 && status != 202 {
+        return Ok(Answer::Refused(status));
+    }
     let answer: Option<Value> = r.json().await.ok();
     let incoming = answer.and_then(|v| v["id"].as_str().and_then(|s| s.parse::<railhook_core::IncomingEventId>().ok())).map(|id| id.0);
-    Ok((status, incoming))
+    Ok(match incoming {
+        Some(id) => Answer::Named(status, id),
+        None => Answer::CutOff,
+    })
 }

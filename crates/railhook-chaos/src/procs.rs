@@ -1,6 +1,8 @@
 //! The components as real processes of the `railhook` binary, each under a supervisor: a
 //! process that is killed (by the fault controller) or exits on its own is started again
-//! after a short delay, with the same configuration and ports.
+//! after a short delay, with the same configuration and ports. The controller may also hold
+//! a process stopped (SIGTERM) until it resumes it, and start it again with other
+//! environment variables (a failpoint).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,6 +25,12 @@ pub struct ProcessStats {
 enum Order {
     Kill(oneshot::Sender<DateTime<Utc>>),
     Stop(oneshot::Sender<()>),
+    /// SIGTERM (SIGKILL after a bounded wait); started again only on `Resume`.
+    Hold(oneshot::Sender<()>),
+    Resume,
+    /// SIGTERM (SIGKILL after a bounded wait), then start again at once with these extra
+    /// environment variables.
+    Respawn(Vec<(String, String)>, oneshot::Sender<()>),
 }
 
 /// One supervised component (`railhook <subcommand> --config <file>`).
@@ -38,10 +46,15 @@ impl Supervised {
     /// Starts `bin subcommand --config config`, its stdout and stderr appended to
     /// `log_dir/<name>.log`, and keeps it running.
     pub fn start(name: &'static str, bin: &Path, subcommand: &str, config: &Path, log_dir: &Path, restart_delay: Duration) -> Supervised {
+        Supervised::start_with_env(name, bin, subcommand, config, log_dir, restart_delay, Vec::new())
+    }
+
+    /// As [`Supervised::start`], with extra environment variables.
+    pub fn start_with_env(name: &'static str, bin: &Path, subcommand: &str, config: &Path, log_dir: &Path, restart_delay: Duration, env: Vec<(String, String)>) -> Supervised {
         let log = log_dir.join(format!("{name}.log"));
         let (tx, rx) = mpsc::channel(4);
         let stats = Arc::new(Mutex::new(ProcessStats::default()));
-        let spec = Spec { name, bin: bin.to_path_buf(), subcommand: subcommand.to_string(), config: config.to_path_buf(), log: log.clone(), restart_delay };
+        let spec = Spec { name, bin: bin.to_path_buf(), subcommand: subcommand.to_string(), config: config.to_path_buf(), log: log.clone(), restart_delay, env };
         let task = tokio::spawn(supervise(spec, rx, stats.clone()));
         Supervised { name, orders: tx, stats, task: Some(task), log }
     }
@@ -54,6 +67,39 @@ impl Supervised {
             return Utc::now();
         }
         rx.await.unwrap_or_else(|_| Utc::now())
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL; not started again until [`Supervised::resume`].
+    pub async fn hold(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.orders.send(Order::Hold(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Starts a held process again.
+    pub async fn resume(&self) {
+        let _ = self.orders.send(Order::Resume).await;
+    }
+
+    /// SIGTERM (SIGKILL after a bounded wait), then starts it again at once with `env` added
+    /// (for the rest of its life).
+    pub async fn respawn_with(&self, env: Vec<(String, String)>) {
+        let (tx, rx) = oneshot::channel();
+        if self.orders.send(Order::Respawn(env, tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// The log's text from byte `from` on (what the process wrote since then).
+    pub fn log_since(&self, from: u64) -> String {
+        let bytes = std::fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(bytes.get(from as usize..).unwrap_or_default()).into_owned()
+    }
+
+    /// The log's length now.
+    pub fn log_len(&self) -> u64 {
+        std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0)
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL; the supervisor ends.
@@ -85,6 +131,8 @@ struct Spec {
     config: PathBuf,
     log: PathBuf,
     restart_delay: Duration,
+    /// Added to the process's otherwise empty environment.
+    env: Vec<(String, String)>,
 }
 
 impl Spec {
@@ -99,6 +147,7 @@ impl Spec {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_BACKTRACE", "1")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .current_dir(self.config.parent().unwrap_or(Path::new("/")))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -116,7 +165,20 @@ impl Spec {
     }
 }
 
-async fn supervise(spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc<Mutex<ProcessStats>>) {
+/// SIGTERM, then SIGKILL if it has not exited within 40 s.
+async fn terminate(spec: &Spec, child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: a plain kill(2) of our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    if tokio::time::timeout(Duration::from_secs(40), child.wait()).await.is_err() {
+        tracing::warn!(component = spec.name, "did not stop within 40 s of SIGTERM; killing it");
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
+async fn supervise(mut spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc<Mutex<ProcessStats>>) {
     loop {
         let mut child = loop {
             match spec.spawn() {
@@ -128,42 +190,80 @@ async fn supervise(spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc<Mut
             }
         };
         stats.lock().unwrap().starts += 1;
-        tokio::select! {
-            status = child.wait() => {
-                let what = match status {
-                    Ok(s) => s.to_string(),
-                    Err(e) => e.to_string(),
-                };
-                tracing::warn!(component = spec.name, status = %what, "exited on its own; starting it again");
-                stats.lock().unwrap().unexpected_exits.push(format!("{} {what}", Utc::now().to_rfc3339()));
-                tokio::time::sleep(spec.restart_delay).await;
-            }
-            order = orders.recv() => match order {
-                Some(Order::Kill(done)) => {
-                    let at = Utc::now();
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
-                    stats.lock().unwrap().kills += 1;
-                    let _ = done.send(at);
-                    tracing::info!(component = spec.name, "killed (SIGKILL); starting it again after {:?}", spec.restart_delay);
+        // Until this child is gone; then the outer loop starts the next.
+        loop {
+            tokio::select! {
+                status = child.wait() => {
+                    let what = match status {
+                        Ok(s) => s.to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    tracing::warn!(component = spec.name, status = %what, "exited on its own; starting it again");
+                    stats.lock().unwrap().unexpected_exits.push(format!("{} {what}", Utc::now().to_rfc3339()));
                     tokio::time::sleep(spec.restart_delay).await;
+                    break;
                 }
-                other => {
-                    if let Some(pid) = child.id() {
-                        // SAFETY: a plain kill(2) of our own child.
-                        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-                    }
-                    if tokio::time::timeout(Duration::from_secs(40), child.wait()).await.is_err() {
-                        tracing::warn!(component = spec.name, "did not stop within 40 s of SIGTERM; killing it");
+                order = orders.recv() => match order {
+                    Some(Order::Kill(done)) => {
+                        let at = Utc::now();
                         let _ = child.start_kill();
                         let _ = child.wait().await;
+                        stats.lock().unwrap().kills += 1;
+                        let _ = done.send(at);
+                        tracing::info!(component = spec.name, "killed (SIGKILL); starting it again after {:?}", spec.restart_delay);
+                        tokio::time::sleep(spec.restart_delay).await;
+                        break;
                     }
-                    if let Some(Order::Stop(done)) = other {
+                    Some(Order::Respawn(env, done)) => {
+                        // Stopped as at a deploy (its Attempts drained), not killed: the
+                        // fault is what the new environment does, not the stop.
+                        terminate(&spec, &mut child).await;
+                        spec.env.extend(env);
                         let _ = done.send(());
+                        break;
                     }
-                    return;
+                    Some(Order::Hold(held)) => {
+                        terminate(&spec, &mut child).await;
+                        let _ = held.send(());
+                        if !held_until_resumed(&mut spec, &mut orders).await {
+                            return;
+                        }
+                        break;
+                    }
+                    Some(Order::Resume) => {}
+                    other => {
+                        terminate(&spec, &mut child).await;
+                        if let Some(Order::Stop(done)) = other {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
                 }
             }
+        }
+    }
+}
+
+/// A held process's orders until `Resume` (true) or `Stop` (false).
+async fn held_until_resumed(spec: &mut Spec, orders: &mut mpsc::Receiver<Order>) -> bool {
+    loop {
+        match orders.recv().await {
+            Some(Order::Resume) => return true,
+            Some(Order::Hold(again)) => {
+                let _ = again.send(());
+            }
+            Some(Order::Kill(done)) => {
+                let _ = done.send(Utc::now());
+            }
+            Some(Order::Respawn(env, done)) => {
+                spec.env.extend(env);
+                let _ = done.send(());
+            }
+            Some(Order::Stop(done)) => {
+                let _ = done.send(());
+                return false;
+            }
+            None => return false,
         }
     }
 }

@@ -84,6 +84,18 @@ pub struct Arrival {
     /// A Forward's `X-Forward-Attempt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forward_attempt: Option<i32>,
+    /// The request's `webhook-timestamp` (unix seconds, the sending worker's clock): a
+    /// worker whose clock is off shows here.
+    #[serde(default)]
+    pub sent_timestamp: i64,
+}
+
+impl Arrival {
+    /// The sending worker's clock minus the receiver's, in whole seconds (about 0, or about
+    /// 30 for the worker of `clock_skew`).
+    pub fn sender_skew_s(&self) -> i64 {
+        self.sent_timestamp - self.received_at.timestamp()
+    }
 }
 
 impl Arrival {
@@ -279,6 +291,7 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
             idempotency_key,
             incoming_event_id,
             forward_attempt,
+            sent_timestamp: timestamp,
         });
         arrivals.len() - 1
     };

@@ -195,8 +195,9 @@ pub struct WorkerConfig {
     /// by its lock until commit, do not queue behind WAL flushes. A Postgres crash may then
     /// forget the last claims (at most about three `wal_writer_delay`s of them): those
     /// Deliveries are PENDING again and sent once more (duplicate window 8), announced by
-    /// the stranded sweep. Every write that records an outcome (ingest, finalise and its
-    /// Attempt, the scheduler's hand-offs) waits for the flush either way.
+    /// the workers as soon as they see the server's new start time (within one sweep
+    /// interval), not by the stranded sweep. Every write that records an outcome (ingest,
+    /// finalise and its Attempt, the scheduler's hand-offs) waits for the flush either way.
     pub claim_synchronous_commit: bool,
     /// Hints waiting in one Endpoint's queue inside a worker for a free slot; past it a hint
     /// over the limit is a Deferral through the retry path.

@@ -257,7 +257,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
     let Some(mut announcer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
     let mut known = false;
     // Set when this process created the slot; cleared once the re-announcement succeeded.
-    let mut needs_reannounce = false;
+    let mut needs_reannounce = stream::Reannounce::No;
     let mut waiting_since: Option<Instant> = None;
     let mut backoff = Backoff::new();
     let standby_poll = Duration::from_millis(config.relay.status_interval_ms.min(1_000));
@@ -296,7 +296,10 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
         };
         known = true;
         if state.created {
-            needs_reannounce = true;
+            needs_reannounce = match state.loss.clone() {
+                Some(loss) => stream::Reannounce::Recovered(loss),
+                None => stream::Reannounce::Created,
+            };
         }
         if let Some(pid) = state.active_pid {
             if waiting_since.is_none() {

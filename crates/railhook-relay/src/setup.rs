@@ -17,8 +17,21 @@ pub struct SlotState {
     pub created: bool,
     /// The slot was lost or had vanished after this process streamed from it.
     pub recovered: bool,
+    /// How it was lost, when `recovered` (the relay says so once the re-announcement is done).
+    pub loss: Option<SlotLoss>,
     /// The backend of the walsender streaming from the slot, when one is.
     pub active_pid: Option<i32>,
+}
+
+/// How a slot this process streamed from was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotLoss {
+    /// Invalidated by Postgres (`wal_status` lost): it fell further behind than
+    /// `max_slot_wal_keep_size` and a checkpoint removed WAL it still needed. The setting's
+    /// value when the loss was found (it may have been raised since the invalidation).
+    Invalidated { max_slot_wal_keep_size: String },
+    /// It no longer existed: someone dropped it.
+    Dropped,
 }
 
 /// What [`prepare`] may do about the slot.
@@ -93,16 +106,15 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
         )
         .await?;
     let name = &config.slot_name;
-    let (confirmed, created, recovered, active_pid) = match slot {
-        None if policy.known && policy.recreate_lost => {
-            tracing::error!(slot = %name, "replication slot vanished (dropped?): recreating it and re-announcing what is still PENDING");
-            (create_slot(client, name).await?, true, true, None)
-        }
+    // A recovery is said once, in operator's words, when its re-announcement is done
+    // (`stream::Reannounce`), not here.
+    let (confirmed, created, loss, active_pid) = match slot {
+        None if policy.known && policy.recreate_lost => (create_slot(client, name).await?, true, Some(SlotLoss::Dropped), None),
         None if policy.known => return Err(RelayError::SlotLost(name.clone())),
         None if policy.create_missing => {
             let lsn = create_slot(client, name).await?;
             tracing::info!(slot = %name, "created replication slot");
-            (lsn, true, false, None)
+            (lsn, true, None, None)
         }
         None => {
             return Err(RelayError::Misconfigured(format!(
@@ -128,14 +140,14 @@ pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) 
                     // Another relay still holds the invalidated slot; it will notice and stop.
                     return Err(RelayError::SlotState(format!("{name} is lost but still active for PID {active_pid:?}")));
                 }
-                tracing::error!(slot = %name, "replication slot is lost (wal_status 'lost'): dropping and recreating it, then re-announcing what is still PENDING");
+                let keep: String = client.query_one("SELECT current_setting('max_slot_wal_keep_size')", &[]).await?.try_get(0)?;
                 client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await?;
-                (create_slot(client, name).await?, true, true, None)
+                (create_slot(client, name).await?, true, Some(SlotLoss::Invalidated { max_slot_wal_keep_size: keep }), None)
             } else {
-                (row.try_get::<_, Option<String>>(1)?.unwrap_or_else(|| "0/0".into()), false, false, active_pid)
+                (row.try_get::<_, Option<String>>(1)?.unwrap_or_else(|| "0/0".into()), false, None, active_pid)
             }
         }
     };
     let confirmed_flush = confirmed.parse().map_err(|e| RelayError::Misconfigured(format!("slot LSN: {e}")))?;
-    Ok(SlotState { confirmed_flush, created, recovered, active_pid })
+    Ok(SlotState { confirmed_flush, created, recovered: loss.is_some(), loss, active_pid })
 }

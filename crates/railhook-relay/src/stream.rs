@@ -163,6 +163,24 @@ struct Streaming {
     reported: Lsn,
 }
 
+/// Whether the stream's slot was just created, so that what is PENDING must be announced
+/// again once the stream is live, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reannounce {
+    /// Nothing to do: the slot existed.
+    No,
+    /// The slot was created (the first start, or `relay.create_slot` for a missing one).
+    Created,
+    /// The slot was recreated after it was lost: said once, as an error an operator reads
+    /// ([`SLOT_LOST`]), when the re-announcement is done.
+    Recovered(crate::setup::SlotLoss),
+}
+
+/// The beginning of the relay's one log line after it recovered from an invalidated slot.
+pub const SLOT_LOST: &str = "the replication slot was lost and has been recreated";
+/// Likewise, after a dropped one.
+pub const SLOT_DROPPED: &str = "the replication slot was dropped and has been recreated";
+
 /// Streams from `start` until `shutdown`, then drains in-flight messages and confirms them.
 ///
 /// Liveness marker: once connected, the relay writes a non-transactional logical message
@@ -170,8 +188,8 @@ struct Streaming {
 /// decoding is then consistent, and every transaction that starts later is in the stream.
 /// When `needs_reannounce` is set (the slot was just created), the PENDING work is
 /// re-announced at that moment, not before: rows committed while the new stream was still
-/// starting are then covered too. On success the flag is cleared, so a failed attempt
-/// leaves it for the next one.
+/// starting are then covered too. On success it is cleared, so a failed attempt leaves it
+/// for the next one.
 ///
 /// Each turn of the loop, in this order (the module docs say why the order matters): one
 /// thing happens (an acknowledgement, the re-announcement's end, the shutdown signal, the
@@ -183,7 +201,7 @@ pub async fn stream(
     announcer: Announcer,
     start: Lsn,
     stats: Arc<RelayStats>,
-    needs_reannounce: &mut bool,
+    needs_reannounce: &mut Reannounce,
     shutdown: CancellationToken,
 ) -> Result<(), RelayError> {
     let mut client = open(&config, start).await?;
@@ -207,7 +225,7 @@ pub async fn stream(
                 tracing::warn!(in_flight = s.in_flight.len(), "Kafka did not acknowledge everything within the drain timeout; stopping without confirming it (the next start replays it)");
                 break;
             }
-            event = client.recv(), if reading => s.event(event.map_err(RelayError::from_replication)?, *needs_reannounce).await?,
+            event = client.recv(), if reading => s.event(event.map_err(RelayError::from_replication)?, *needs_reannounce != Reannounce::No).await?,
         }
         s.stats.in_flight.store(s.in_flight.len() as u64, std::sync::atomic::Ordering::Relaxed);
         s.confirm(&mut client);
@@ -272,16 +290,34 @@ impl Streaming {
         }
     }
 
-    fn reannounced(&mut self, done: Result<Result<crate::reannounce::Reannounced, RelayError>, tokio::task::JoinError>, needs_reannounce: &mut bool) -> Result<(), RelayError> {
+    fn reannounced(&mut self, done: Result<Result<crate::reannounce::Reannounced, RelayError>, tokio::task::JoinError>, needs_reannounce: &mut Reannounce) -> Result<(), RelayError> {
         self.reannounce = None;
         let slot = &self.config.relay.slot_name;
         match done {
             Ok(Ok(n)) => {
-                *needs_reannounce = false;
-                if n.deliveries + n.forwards > 0 {
-                    tracing::warn!(%slot, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created");
-                } else {
-                    tracing::info!(%slot, "slot created; nothing PENDING to re-announce");
+                let why = std::mem::replace(needs_reannounce, Reannounce::No);
+                let again = format!(
+                    "every Delivery and Forward still PENDING was announced again from Postgres ({} Deliveries, {} Forwards), so nothing is lost; receivers may get some of them twice, with the same webhook-id",
+                    n.deliveries, n.forwards
+                );
+                match why {
+                    Reannounce::Recovered(crate::setup::SlotLoss::Invalidated { max_slot_wal_keep_size }) => tracing::error!(
+                        %slot,
+                        deliveries = n.deliveries,
+                        forwards = n.forwards,
+                        %max_slot_wal_keep_size,
+                        "{SLOT_LOST}: the relay fell further behind than max_slot_wal_keep_size allowed, and Postgres removed WAL the slot still needed; {again}"
+                    ),
+                    Reannounce::Recovered(crate::setup::SlotLoss::Dropped) => tracing::error!(
+                        %slot,
+                        deliveries = n.deliveries,
+                        forwards = n.forwards,
+                        "{SLOT_DROPPED}: it no longer existed (pg_drop_replication_slot, or a restore without it); {again}"
+                    ),
+                    _ if n.deliveries + n.forwards > 0 => {
+                        tracing::warn!(%slot, deliveries = n.deliveries, forwards = n.forwards, "re-announced PENDING work after the slot was created")
+                    }
+                    _ => tracing::info!(%slot, "slot created; nothing PENDING to re-announce"),
                 }
                 Ok(())
             }

@@ -53,21 +53,41 @@ impl StoreError {
         matches!(self, StoreError::Db(e) if e.code().is_some_and(|c| c.code().starts_with("28")))
     }
 
-    /// Whether the same operation may succeed when tried again later.
+    /// Whether the same operation may succeed when tried again later: the connection went
+    /// away (class 08), a serialization failure or deadlock, the server shutting down,
+    /// crashed or still starting (57P01-57P03), or out of a resource such as disk space or
+    /// connections (class 53: `disk_full` is 53100). The API answers these 503.
     pub fn is_retryable(&self) -> bool {
         match self {
             StoreError::Connect(_) | StoreError::Pool(_) => true,
-            StoreError::Db(e) => e.is_closed() || e.code().is_some_and(|c| {
-                let c = c.code();
-                c.starts_with("08") || c == "40001" || c == "40P01" || c == "57P01"
-            }),
+            StoreError::Db(e) => e.is_closed() || e.code().is_some_and(|c| retryable_sqlstate(c.code())),
             _ => false,
         }
     }
 }
 
+/// See [`StoreError::is_retryable`].
+fn retryable_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("53") || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03")
+}
+
 impl From<deadpool_postgres::PoolError> for StoreError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         StoreError::Pool(error_chain(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retryable_sqlstate;
+
+    #[test]
+    fn a_full_disk_and_a_restarting_server_are_retryable_bad_sql_is_not() {
+        for code in ["08006", "53100", "53300", "57P01", "57P02", "57P03", "40001", "40P01"] {
+            assert!(retryable_sqlstate(code), "{code}");
+        }
+        for code in ["42601", "23505", "22P02", "XX000", "28P01"] {
+            assert!(!retryable_sqlstate(code), "{code}");
+        }
     }
 }

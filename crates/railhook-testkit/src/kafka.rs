@@ -19,6 +19,11 @@
 //! there. Ports are picked below the ephemeral range, so no client connection can take the
 //! broker's port while it is down.
 //!
+//! [`KafkaBroker::start_with_listeners`] adds named listeners, each on a port of its own and
+//! advertised at a port the caller chooses: a fault-injecting proxy listens there and forwards
+//! to the listener, so that the clients behind one proxy reach the broker only through it
+//! (a client is sent, in metadata, the advertised address of the listener it came in on).
+//!
 //! Drop kills the JVM and removes the folder (`RAILHOOK_KAFKA_KEEP=1` keeps it). The JVM runs
 //! in its own process group; a small watchdog shell, also in its own group, holds a pipe from
 //! the test process and kills the JVM when that pipe closes, so the broker dies with the test
@@ -74,6 +79,8 @@ pub struct KafkaBroker {
     watchdog: Option<Child>,
     /// Where the current run's output starts in `kafka.log`.
     run_offset: u64,
+    /// Extra listeners: (name, the broker's port, the advertised port).
+    listeners: Vec<(String, u16, u16)>,
 }
 
 enum NotReady {
@@ -85,6 +92,20 @@ impl KafkaBroker {
     /// Creates the folder, formats the storage, starts the broker and waits until it answers
     /// a metadata request. Panics (with the log's tail) if it cannot.
     pub async fn start() -> KafkaBroker {
+        KafkaBroker::start_with_listeners(&[]).await
+    }
+
+    /// As [`KafkaBroker::start`], with one more listener per `(name, advertised_port)`: the
+    /// broker listens on a port of its own ([`KafkaBroker::listener_port`]) and tells the
+    /// clients that came in on it to connect to `advertised_port`. Names are upper case
+    /// letters and `_`, other than `PLAINTEXT` and `CONTROLLER`.
+    pub async fn start_with_listeners(listeners: &[(&str, u16)]) -> KafkaBroker {
+        for (name, _) in listeners {
+            assert!(
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') && *name != "PLAINTEXT" && *name != "CONTROLLER",
+                "listener name {name:?}"
+            );
+        }
         let libs = libs_dir();
         let repo = repo_root();
         let dir = std::env::temp_dir().join(format!(
@@ -94,7 +115,8 @@ impl KafkaBroker {
         ));
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
         let started = Instant::now();
-        let mut broker = KafkaBroker { dir, libs, repo, port: 0, controller_port: 0, child: None, watchdog: None, run_offset: 0 };
+        let listeners = listeners.iter().map(|(name, advertised)| (name.to_string(), 0, *advertised)).collect();
+        let mut broker = KafkaBroker { dir, libs, repo, port: 0, controller_port: 0, child: None, watchdog: None, run_offset: 0, listeners };
         let mut held = broker.pick_ports();
         broker.write_properties();
         broker.format().await;
@@ -137,6 +159,11 @@ impl KafkaBroker {
 
     pub fn controller_port(&self) -> u16 {
         self.controller_port
+    }
+
+    /// The broker's own port of the extra listener `name` (what its proxy forwards to).
+    pub fn listener_port(&self, name: &str) -> Option<u16> {
+        self.listeners.iter().find(|(n, _, _)| n == name).map(|(_, port, _)| *port)
     }
 
     /// The JVM's pid while it runs (or has exited but not been stopped, killed or restarted).
@@ -203,13 +230,14 @@ impl KafkaBroker {
         }
     }
 
-    /// Finds two free loopback ports below the ephemeral range; the listeners hold them until
-    /// the broker is about to bind.
-    fn pick_ports(&mut self) -> [TcpListener; 2] {
+    /// Finds free loopback ports below the ephemeral range (the broker's, the controller's,
+    /// one per extra listener); the listeners hold them until the broker is about to bind.
+    fn pick_ports(&mut self) -> Vec<TcpListener> {
         let low = ephemeral_low();
         let mut held = Vec::new();
         let mut tries = 0;
-        while held.len() < 2 {
+        let wanted = 2 + self.listeners.len();
+        while held.len() < wanted {
             tries += 1;
             let port = if low > 21_000 && tries < 500 {
                 20_000 + (uuid::Uuid::new_v4().as_u128() % u128::from(low - 20_000)) as u16
@@ -222,7 +250,10 @@ impl KafkaBroker {
         }
         self.port = held[0].local_addr().unwrap().port();
         self.controller_port = held[1].local_addr().unwrap().port();
-        held.try_into().unwrap()
+        for (i, listener) in self.listeners.iter_mut().enumerate() {
+            listener.1 = held[2 + i].local_addr().unwrap().port();
+        }
+        held
     }
 
     fn write_properties(&self) {
@@ -239,6 +270,9 @@ impl KafkaBroker {
             } else if line.starts_with("controller.quorum.voters=") {
                 out.push_str(&format!("controller.quorum.voters={NODE_ID}@127.0.0.1:{}\n", self.controller_port));
                 voters = true;
+            } else if let Some(line) = self.with_listeners(line) {
+                out.push_str(&line);
+                out.push('\n');
             } else {
                 let line = line
                     .replace("@KAFKA_PORT@", &self.port.to_string())
@@ -260,6 +294,25 @@ impl KafkaBroker {
         );
         let path = self.dir.join("server.properties");
         std::fs::write(&path, out).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    /// The template's `listeners`, `advertised.listeners` and `listener.security.protocol.map`
+    /// lines with the extra listeners added; `None` for any other line, or without extras.
+    fn with_listeners(&self, line: &str) -> Option<String> {
+        if self.listeners.is_empty() {
+            return None;
+        }
+        let (key, _) = line.split_once('=')?;
+        let extra: Vec<String> = match key {
+            "listeners" => self.listeners.iter().map(|(n, port, _)| format!("{n}://127.0.0.1:{port}")).collect(),
+            "advertised.listeners" => self.listeners.iter().map(|(n, _, advertised)| format!("{n}://127.0.0.1:{advertised}")).collect(),
+            "listener.security.protocol.map" => self.listeners.iter().map(|(n, _, _)| format!("{n}:PLAINTEXT")).collect(),
+            _ => return None,
+        };
+        let line = line
+            .replace("@KAFKA_PORT@", &self.port.to_string())
+            .replace("@CONTROLLER_PORT@", &self.controller_port.to_string());
+        Some(format!("{line},{}", extra.join(",")))
     }
 
     /// `java` with the flags of `scripts/infra` (smaller heap; C1 and the serial collector,

@@ -20,6 +20,12 @@
 //! the `postgres` user (`runuser -u postgres --`), and the folder is owned by that user and
 //! placed where it can reach it (the temp dir, or `/tmp` when the temp dir is not reachable).
 //!
+//! [`PgCluster::start_on_tmpfs`] puts the data directory on a tmpfs of its own (root only),
+//! with the WAL outside it, so that [`PgCluster::fill_disk`] can make the data's disk full
+//! (the tmpfs is shrunk to what it holds) and [`PgCluster::free_disk`] give the space back.
+//! [`PgCluster::crash`] is `kill -9` of the postmaster: what a power cut does to the WAL not
+//! yet flushed.
+//!
 //! Drop stops the server (`-m immediate`) and removes the folder (`RAILHOOK_PG_KEEP=1` keeps
 //! it). A watchdog shell, in its own process group, holds a pipe from this process and stops
 //! the server when that pipe closes, so the server dies with the process even when Drop never
@@ -32,13 +38,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Stops the cluster when the owning process is gone. `$1` pg_ctl, `$2` the data folder,
-/// `$3` the cluster folder, `$4` 1 to remove it, `$5` 1 to run pg_ctl through runuser.
+/// `$3` the cluster folder, `$4` 1 to remove it, `$5` 1 to run pg_ctl through runuser, `$6` 1
+/// when the data folder is a tmpfs mount (unmounted, so its memory goes back).
 const WATCHDOG: &str = r#"read -r _
 if [ "$5" = 1 ]; then
   (cd / && runuser -u postgres -- "$1" -D "$2" -m immediate -w -t 30 stop) >/dev/null 2>&1
 else
   "$1" -D "$2" -m immediate -w -t 30 stop >/dev/null 2>&1
 fi
+[ "$6" = 1 ] && umount "$2" >/dev/null 2>&1
 [ "$4" = 1 ] && rm -rf "$3"
 exit 0"#;
 
@@ -50,19 +58,39 @@ pub struct PgCluster {
     as_root: bool,
     running: bool,
     watchdog: Option<Child>,
+    /// The data folder's tmpfs size in bytes, when it is one ([`PgCluster::start_on_tmpfs`]).
+    tmpfs: Option<u64>,
 }
 
 impl PgCluster {
     /// initdb into a fresh folder, start the server and wait until it accepts connections.
     /// Panics (with the log's tail) if it cannot.
     pub async fn start() -> PgCluster {
+        PgCluster::start_with(None).await
+    }
+
+    /// As [`PgCluster::start`], with the data folder on a tmpfs of `size` bytes and the WAL
+    /// in the cluster's folder beside it (so a full data disk fails writes with `disk_full`,
+    /// SQLSTATE 53100, instead of stopping the server for want of WAL). Mounting needs root:
+    /// `None` when this process is not root.
+    pub async fn start_on_tmpfs(size: u64) -> Option<PgCluster> {
+        if !is_root() {
+            return None;
+        }
+        Some(PgCluster::start_with(Some(size)).await)
+    }
+
+    async fn start_with(tmpfs: Option<u64>) -> PgCluster {
         let bin = pg_bin().unwrap_or_else(|| {
             panic!("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin (scripts/infra up installs them), and RAILHOOK_PG_BIN is not set")
         });
         let as_root = is_root();
         let dir = cluster_dir(as_root);
         let started = Instant::now();
-        let mut cluster = PgCluster { dir, bin, port: 0, as_root, running: false, watchdog: None };
+        let mut cluster = PgCluster { dir, bin, port: 0, as_root, running: false, watchdog: None, tmpfs };
+        if let Some(size) = tmpfs {
+            cluster.mount_tmpfs(size);
+        }
         cluster.initdb().await;
         cluster.spawn_watchdog();
         for attempt in 1..=3 {
@@ -132,6 +160,71 @@ impl PgCluster {
         self.running = false;
     }
 
+    /// `kill -9` of the postmaster (a crash: what the WAL writer had not flushed is gone),
+    /// then waits until it is gone. Its backends notice and exit by themselves; a start
+    /// meanwhile is retried by [`PgCluster::start_again`]. Does nothing if it is stopped.
+    pub async fn crash(&mut self) {
+        if !self.running {
+            return;
+        }
+        let pid_file = self.data().join("postmaster.pid");
+        let pid: Option<i32> = std::fs::read_to_string(&pid_file).ok().and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()));
+        let Some(pid) = pid else { panic!("no postmaster pid in {}", pid_file.display()) };
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.running = false;
+    }
+
+    /// Makes the data folder's disk full: its tmpfs shrunk to what it holds now (so no
+    /// memory is spent on a filler). Panics unless it started with [`PgCluster::start_on_tmpfs`].
+    pub fn fill_disk(&self) {
+        assert!(self.tmpfs.is_some(), "fill_disk needs a cluster started on a tmpfs");
+        let used = statvfs_used(&self.data()).unwrap_or_else(|e| panic!("statvfs {}: {e}", self.data().display()));
+        // tmpfs refuses a size below what it holds; a page over it leaves nothing usable.
+        self.remount(used + 4096);
+    }
+
+    /// Gives the data folder's disk its size back after [`PgCluster::fill_disk`].
+    pub fn free_disk(&self) {
+        if let Some(size) = self.tmpfs {
+            self.remount(size);
+        }
+    }
+
+    /// Whether the data folder is on a tmpfs of its own ([`PgCluster::start_on_tmpfs`]).
+    pub fn is_on_tmpfs(&self) -> bool {
+        self.tmpfs.is_some()
+    }
+
+    /// Bytes free on the data folder's file system.
+    pub fn disk_free(&self) -> u64 {
+        statvfs_free(&self.data()).unwrap_or(0)
+    }
+
+    fn mount_tmpfs(&self, size: u64) {
+        let data = self.data();
+        std::fs::create_dir_all(&data).unwrap_or_else(|e| panic!("create {}: {e}", data.display()));
+        let (uid, gid) = if self.as_root { postgres_ids() } else { (0, 0) };
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},uid={uid},gid={gid},mode=0700"), "railhook-pg-data"])
+            .arg(&data)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run mount: {e}"));
+        assert!(out.status.success(), "mount a tmpfs on {}: {}", data.display(), String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn remount(&self, size: u64) {
+        let out = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.data())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run mount: {e}"));
+        assert!(out.status.success(), "remount {} with size {size}: {}", self.data().display(), String::from_utf8_lossy(&out.stderr));
+    }
+
     /// Starts a stopped server again (same port and data) and waits until it accepts
     /// connections. Does nothing if it runs.
     pub async fn start_again(&mut self) {
@@ -160,6 +253,9 @@ impl PgCluster {
         let initdb = self.bin.join("initdb");
         let mut cmd = self.command(&initdb);
         cmd.arg("-D").arg(self.data()).args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"]);
+        if self.tmpfs.is_some() {
+            cmd.arg("-X").arg(self.dir.join("wal"));
+        }
         let out = run(cmd).await;
         if !out.status.success() {
             panic!(
@@ -234,6 +330,7 @@ impl PgCluster {
             .arg(&self.dir)
             .arg(keep)
             .arg(if self.as_root { "1" } else { "0" })
+            .arg(if self.tmpfs.is_some() { "1" } else { "0" })
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -258,6 +355,9 @@ impl Drop for PgCluster {
             // Its stdin closes with it: it would stop the (already stopped) server; kill it.
             let _ = watchdog.kill();
             let _ = watchdog.wait();
+        }
+        if self.tmpfs.is_some() {
+            let _ = Command::new("umount").arg(self.data()).output();
         }
         if !keep_dir() {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -325,7 +425,7 @@ fn postgres_can_enter(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
-fn chown_to_postgres(path: &Path) {
+fn postgres_ids() -> (u32, u32) {
     let id = |flag: &str| -> Option<u32> {
         let out = Command::new("id").args([flag, "postgres"]).output().ok()?;
         String::from_utf8_lossy(&out.stdout).trim().parse().ok()
@@ -333,7 +433,31 @@ fn chown_to_postgres(path: &Path) {
     let (Some(uid), Some(gid)) = (id("-u"), id("-g")) else {
         panic!("the postgres user is missing (it comes with Debian's postgresql package)");
     };
+    (uid, gid)
+}
+
+fn chown_to_postgres(path: &Path) {
+    let (uid, gid) = postgres_ids();
     std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+}
+
+/// `df`'s used and free bytes of the file system holding `path`, from `stat -f`.
+fn statvfs(path: &Path) -> std::io::Result<(u64, u64)> {
+    let out = Command::new("stat").args(["-f", "-c", "%S %b %f"]).arg(path).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n: Vec<u64> = text.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    match n[..] {
+        [size, blocks, free] => Ok((size * (blocks - free.min(blocks)), size * free)),
+        _ => Err(std::io::Error::other(format!("stat -f printed {text:?}"))),
+    }
+}
+
+fn statvfs_used(path: &Path) -> std::io::Result<u64> {
+    statvfs(path).map(|(used, _)| used)
+}
+
+fn statvfs_free(path: &Path) -> std::io::Result<u64> {
+    statvfs(path).map(|(_, free)| free)
 }
 
 /// A free loopback port below the ephemeral range (the server re-binds it after a restart,

@@ -8,12 +8,29 @@
 //!   claim won) a PROCESSING Delivery. What must follow: the slot and the count come back
 //!   (the task's drop guards), and the stuck sweep sends the Delivery again after
 //!   `worker.processing_timeout_seconds`.
+//! - `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` ([`clock_ahead`]): this host's wall clock, as the
+//!   worker reads it (`crate::clock::host_now`), runs that many milliseconds ahead (the chaos
+//!   suite's `clock_skew`). What must follow: retries are still timed on the database's
+//!   clock, neither early nor late.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rand::Rng;
 
 use crate::error::{ErrorKind, WorkerError};
+
+/// The variable of [`clock_ahead`].
+pub const CLOCK_AHEAD_ENV: &str = "RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS";
+
+/// How far ahead this host's wall clock is to run, as `CLOCK_AHEAD_ENV` says (whole
+/// milliseconds, either sign); zero when unset or unreadable. Read once.
+pub fn clock_ahead() -> chrono::Duration {
+    static AHEAD: std::sync::OnceLock<chrono::Duration> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        let ms = std::env::var(CLOCK_AHEAD_ENV).ok().and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0);
+        chrono::Duration::milliseconds(ms)
+    })
+}
 
 /// The variable of [`TaskPanic`].
 pub const TASK_PANIC_ENV: &str = "RAILHOOK_FAILPOINT_TASK_PANIC";

@@ -30,7 +30,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use railhook_config::Config;
 use railhook_core::signing::{sign, EndpointSecret};
@@ -220,7 +219,7 @@ pub fn recorded_headers(forward: &ForwardToSend, sent: &[(String, String)]) -> s
 fn request(forward: &ForwardToSend, number: i32) -> OutgoingRequest {
     OutgoingRequest {
         url: forward.destination.url.clone(),
-        headers: forward_headers(forward, number, Utc::now().timestamp()),
+        headers: forward_headers(forward, number, crate::clock::host_now().timestamp()),
         body: bytes::Bytes::from(forward.body.clone()),
         timeout: Duration::from_secs(forward.timeout_seconds.max(1) as u64),
     }
@@ -237,6 +236,8 @@ pub struct Forwarder {
     finaliser: Batcher<ForwardFinalise, ForwardFinalised>,
     retry_after_max: Duration,
     max_age: Duration,
+    /// The database's clock: retries are timed on it (`crate::clock`).
+    pub(crate) clock: crate::clock::DbClock,
 }
 
 /// How one hint ended.
@@ -294,6 +295,7 @@ impl Forwarder {
             finaliser,
             retry_after_max: Duration::from_secs(w.retry_after_max_seconds),
             max_age: Duration::from_secs(w.incoming_max_age_seconds),
+            clock: crate::clock::DbClock::default(),
         }
     }
 
@@ -378,7 +380,7 @@ impl Forwarder {
             number,
             next,
             last_error: last_error(&verdict, &outcome),
-            attempt: record(&outcome, request_headers),
+            attempt: record(&outcome, request_headers, self.clock.offset()),
             // As for Endpoints: an answer that asks for a retry is a failure; any other
             // answer, even a 4xx, shows the Destination is up.
             healthy: !matches!(verdict, Verdict::Retry { .. }),
@@ -402,7 +404,7 @@ impl Forwarder {
             Verdict::Fail => (Next::Failed, Ran::Failed),
             Verdict::Retry { retry_after } => {
                 let step = ladder::next_step(
-                    Utc::now(), number, f.max_attempts, &f.retry_delays, ladder::jitter(), *retry_after, self.retry_after_max, f.ladder_started_at, self.max_age,
+                    self.clock.now(), number, f.max_attempts, &f.retry_delays, ladder::jitter(), *retry_after, self.retry_after_max, f.ladder_started_at, self.max_age,
                 );
                 match step {
                     Step::RetryAt(at) => (Next::RetryAt(at), Ran::Retrying),
@@ -429,10 +431,10 @@ impl Forwarder {
 }
 
 /// The Attempt as recorded; `request_headers` from [`recorded_headers`] (the Destination's
-/// auth redacted).
-fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
+/// auth redacted); its start on the database's clock (`crate::clock`).
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value, clock_offset: chrono::Duration) -> AttemptRecord {
     AttemptRecord {
-        started_at: outcome.started_at,
+        started_at: outcome.started_at + clock_offset,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),
@@ -633,8 +635,10 @@ pub async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
 
 /// Starts the Forwards' consume loop and sweeps (the worker's `run` spawns this); returns when
 /// `shutdown` is cancelled and the Attempts in flight drained.
-pub async fn serve(config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
-    let forwarder = Arc::new(Forwarder::new(&config, pool.clone(), sender, metrics.forwards.clone()));
+pub async fn serve(config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, clock: crate::clock::DbClock, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    let mut forwarder = Forwarder::new(&config, pool.clone(), sender, metrics.forwards.clone());
+    forwarder.clock = clock;
+    let forwarder = Arc::new(forwarder);
     let sweeps = tokio::spawn(sweep_loop(pool, config.clone(), metrics.forwards.clone(), shutdown.clone()));
     let result = run(config, forwarder, shutdown).await;
     sweeps.await.ok();

@@ -356,7 +356,7 @@ impl Sender {
     /// Sends one Attempt's request and reads the response within `request.timeout`; never
     /// fails, never touches the database or Kafka (see the module's invariants).
     pub async fn send(&self, request: OutgoingRequest) -> AttemptOutcome {
-        let started_at = Utc::now();
+        let started_at = crate::clock::host_now();
         let start = Instant::now();
         // A timeout too large for the clock means "none to speak of": a year.
         let deadline = start.checked_add(request.timeout).unwrap_or(start + Duration::from_secs(365 * 86_400));

@@ -21,6 +21,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+pub mod clock;
 pub mod consumer;
 pub mod error;
 pub mod failpoint;
@@ -72,6 +73,14 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
 
     let background = shutdown.child_token();
     let mut jobs = JoinSet::new();
+    // Retries are timed on the database's clock (crate::clock): measured before the first
+    // Attempt, then kept up to date.
+    if let Ok(client) = runner.pool.get().await {
+        if let Err(e) = runner.clock.sample(&**client).await {
+            tracing::debug!(error = %e, "database clock sample");
+        }
+    }
+    jobs.spawn(runner.clock.clone().sample_loop(runner.pool.clone(), background.clone()));
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     // The attempt log's daily partitions, made a week ahead (crate::partitions).
@@ -87,7 +96,7 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let (wait_tx, wait_rx) = tokio::sync::watch::channel(Duration::ZERO);
     jobs.spawn(pacing_loop(runner.pool.clone(), wait_rx, background.clone()));
     let consumers = shutdown.child_token();
-    let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), metrics.clone(), consumers.clone()));
+    let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), runner.clock.clone(), metrics.clone(), consumers.clone()));
     let outgoing = consume(&config, &topic, runner, wait_tx, task_panic, consumers.clone());
     tokio::pin!(outgoing);
     let result = tokio::select! {
@@ -128,7 +137,7 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
     let claimer = runner::claimer(pool.clone(), lifecycle::Limits::from_config(w), metrics.clone(), w.max_in_flight, finishing.clone(), ordering.clone());
     let circuit = lifecycle::Circuit { window_s: w.circuit_window_seconds as f64, min_volume: w.circuit_min_requests, ratio: w.circuit_failure_ratio };
     let finaliser = runner::finaliser(pool.clone(), circuit, metrics.clone(), w.max_in_flight);
-    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, ordering })
+    Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, ordering, clock: clock::DbClock::default() })
 }
 
 fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
@@ -536,9 +545,14 @@ async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: Wo
         incoming_max_age_s: w.incoming_max_age_seconds as f64,
         batch: SWEEP_BATCH,
     };
+    // The server start this loop has seen; a new one means Postgres restarted (see
+    // `lifecycle::reannounce_after_restart`). `None`: this process has not looked yet, so the
+    // first round looks too (the worker may have restarted with Postgres).
+    let mut server_started = None;
     loop {
         match pool.get().await {
             Ok(mut client) => {
+                server_started = after_restart(&client, server_started, &metrics).await;
                 match lifecycle::sweep(&mut client, &limits).await {
                     Ok(Some(s)) => record_sweep(&metrics, &s),
                     Ok(None) => {}
@@ -558,6 +572,35 @@ async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics: Wo
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Once per Postgres server start: the Deliveries whose claim a crash may have forgotten are
+/// announced again at once, instead of at the stranded sweep (docs/RELIABILITY.md, "Claims
+/// and the WAL flush"). Returns the start it has dealt with (unchanged when it could not).
+async fn after_restart(client: &deadpool_postgres::Object, seen: Option<chrono::DateTime<chrono::Utc>>, metrics: &WorkerMetrics) -> Option<chrono::DateTime<chrono::Utc>> {
+    let started = match lifecycle::server_started_at(&***client).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(error = %e, "server start time");
+            return seen;
+        }
+    };
+    if seen == Some(started) {
+        return seen;
+    }
+    match lifecycle::reannounce_after_restart(&***client, SWEEP_BATCH).await {
+        Ok(n) => {
+            metrics.swept.with_label_values(&["after_restart"]).inc_by(n);
+            if n > 0 {
+                tracing::warn!(deliveries = n, server_started = %started, "Postgres restarted: re-announced the PENDING Deliveries last announced before it started (claims a crash may have forgotten)");
+            }
+            Some(started)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "re-announcement after a Postgres restart failed; retrying");
+            seen
         }
     }
 }

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
 use railhook_store::attempts::{self, DAYS_AHEAD};
 use tokio_util::sync::CancellationToken;
 
@@ -39,5 +38,5 @@ pub async fn run(pool: railhook_store::Pool, shutdown: CancellationToken) {
 
 async fn ensure(pool: &railhook_store::Pool) -> Result<Vec<String>, String> {
     let client = pool.get().await.map_err(|e| e.to_string())?;
-    attempts::ensure_partitions(&**client, Utc::now(), DAYS_AHEAD).await.map_err(|e| e.to_string())
+    attempts::ensure_partitions(&**client, crate::clock::host_now(), DAYS_AHEAD).await.map_err(|e| e.to_string())
 }

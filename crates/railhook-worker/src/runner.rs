@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use railhook_core::signing::EndpointSecret;
 use railhook_core::{ClaimToken, DeferralReason};
 use railhook_store::lifecycle::{self, AttemptRecord, ClaimRequest, ClaimResult, Claimed, Next};
@@ -102,6 +101,8 @@ pub struct Runner {
     pub finishing: Finishing,
     /// The held Claims of ordered Deliveries and their resolutions; the claimer shares it.
     pub ordering: OrderingBuffer,
+    /// The database's clock: retries are timed on it (the claim compares them with `now()`).
+    pub clock: crate::clock::DbClock,
 }
 
 /// This worker's Claims whose HTTP request has ended and whose finalise has not committed
@@ -350,7 +351,7 @@ impl Runner {
             self.metrics.ordering_gap_timeouts.inc();
         }
         if let Some(parked) = claimed.parked_at {
-            self.metrics.ordering_parked_seconds.observe((Utc::now() - parked).to_std().unwrap_or_default().as_secs_f64());
+            self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
         self.attempt(claimed, claim_done, held, sent_tx, &hard_stop).await
     }
@@ -437,7 +438,7 @@ impl Runner {
         // even a 4xx, shows the endpoint is up.
         let healthy = !matches!(verdict, Verdict::Retry { .. });
         let last_error = last_error(&verdict, &outcome);
-        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers), healthy);
+        let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers, self.clock.offset()), healthy);
         let finalised = self.finalise(request).await?;
         self.metrics.stages.observe(Stage::ResponseToFinalise, responded.elapsed());
         if let Some(change) = finalised.circuit {
@@ -450,7 +451,7 @@ impl Runner {
             return Ok(Ran::FenceLost.into());
         }
         if ran == Ran::Delivered {
-            let latency = (Utc::now() - claimed.event_created_at).to_std().unwrap_or_default();
+            let latency = (self.clock.now() - claimed.event_created_at).to_std().unwrap_or_default();
             self.metrics.delivery_latency.observe(latency.as_secs_f64());
         }
         if claimed.sequence_number.is_some() && matches!(ran, Ran::Delivered | Ran::Failed) {
@@ -469,7 +470,7 @@ impl Runner {
             Verdict::Fail => (Next::Failed, Ran::Failed),
             Verdict::Retry { retry_after } => {
                 let step = ladder::next_step(
-                    Utc::now(),
+                    self.clock.now(),
                     claimed.attempt_count + 1,
                     claimed.max_attempts,
                     &claimed.retry_delays,
@@ -498,7 +499,7 @@ impl Runner {
         let headers = http::webhook_headers(
             &claimed.id.to_string(),
             &claimed.event_id.to_string(),
-            Utc::now().timestamp(),
+            crate::clock::host_now().timestamp(),
             body.as_bytes(),
             &secrets,
             claimed.sequence_number,
@@ -549,9 +550,11 @@ fn busy_on(reason: DeferralReason) -> BusyOn {
 /// The Attempt as recorded: the request's headers (credentials redacted, see
 /// [`http::recorded_headers`]; the Endpoint's custom headers go by their names) and what came
 /// back.
-fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value) -> AttemptRecord {
+/// The Attempt as recorded; its start on the database's clock (`crate::clock`), like every
+/// other time of the Delivery's.
+fn record(outcome: &AttemptOutcome, request_headers: serde_json::Value, clock_offset: chrono::Duration) -> AttemptRecord {
     AttemptRecord {
-        started_at: outcome.started_at,
+        started_at: outcome.started_at + clock_offset,
         duration_ms: outcome.duration.as_millis().min(i32::MAX as u128) as i32,
         status_code: outcome.status_code.map(i32::from),
         result: outcome.result.as_str().to_string(),

@@ -61,3 +61,44 @@ async fn a_disabled_endpoint_is_deferred_by_the_claim_itself() {
     let attempts: i64 = admin.query_one("SELECT count(*) FROM attempts", &[]).await.unwrap().get(0);
     assert_eq!(attempts, 0, "a Deferral spends no Attempt");
 }
+
+/// After a Postgres crash a claim committed without its WAL flush may be forgotten: its
+/// Delivery is PENDING, unclaimed, and its hint was consumed. Such rows were last announced
+/// before the server started; the worker announces them again once per server start
+/// (`reannounce_after_restart`), and leaves alone what was announced since, what holds a
+/// token and what is due later.
+#[tokio::test]
+async fn deliveries_announced_before_the_server_started_are_announced_again_once() {
+    let (db, pool, fixture) = Fixture::in_fresh_db(4).await;
+    let admin = db.client().await;
+    let deliveries: Vec<uuid::Uuid> = fixture.ingest(&pool, "order.created").await.iter().map(|d| d.parse::<DeliveryId>().unwrap().0).collect();
+    assert_eq!(deliveries.len(), 4);
+    let before_start = "pg_postmaster_start_time() - interval '1 minute'";
+    // 0: a forgotten claim (announced before the start, PENDING, unclaimed, due).
+    // 1: announced before the start but holding the scheduler's token (the scheduler's).
+    // 2: announced before the start, due only later (a retry's wait).
+    // 3: announced after the start (the ingest's own announcement).
+    admin.execute(&format!("UPDATE deliveries SET last_announced_at = {before_start} WHERE id = ANY($1)"), &[&deliveries[..3].to_vec()]).await.unwrap();
+    admin.execute("UPDATE deliveries SET claim_token = gen_random_uuid() WHERE id = $1", &[&deliveries[1]]).await.unwrap();
+    admin.execute("UPDATE deliveries SET next_retry_at = now() + interval '1 hour' WHERE id = $1", &[&deliveries[2]]).await.unwrap();
+    let outbox = |id: uuid::Uuid| {
+        let admin = &admin;
+        async move { admin.query_one("SELECT count(*) FROM outbox WHERE delivery_id = $1 AND reason = 'reannounce'", &[&id]).await.unwrap().get::<_, i64>(0) }
+    };
+    let client = pool.get().await.unwrap();
+    let n = lifecycle::reannounce_after_restart(&**client, 2).await.unwrap();
+    assert_eq!(n, 1, "only the forgotten claim's Delivery is announced again");
+    assert_eq!(outbox(deliveries[0]).await, 1);
+    for other in &deliveries[1..] {
+        assert_eq!(outbox(*other).await, 0, "{other} was not to be announced again");
+    }
+    let after_start: bool = admin
+        .query_one("SELECT last_announced_at >= pg_postmaster_start_time() FROM deliveries WHERE id = $1", &[&deliveries[0]])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(after_start, "marked as announced now");
+    assert_eq!(lifecycle::reannounce_after_restart(&**client, 2).await.unwrap(), 0, "a second run finds nothing");
+    let started = lifecycle::server_started_at(&**client).await.unwrap();
+    assert!(started < chrono::Utc::now());
+}

@@ -1,7 +1,9 @@
 //! The fault-injection suite's quick mode (docs/RELIABILITY.md): about 500 events over 5
 //! Endpoints (3 flaky), one SIGKILL of the api, the relay and the worker, a Kafka restart, a
-//! Postgres fast restart and a receiver outage, each at a fixed number of accepted events,
-//! with a fixed seed. Private Postgres and Kafka servers, the real `railhook` binary.
+//! Postgres crash (kill -9 of the postmaster) and a fast restart, connection resets on the
+//! worker's link to Postgres (Toxiproxy) and a receiver outage, each at a fixed number of
+//! accepted events, with a fixed seed. Private Postgres and Kafka servers, the real
+//! `railhook` binary. The report has an entry per fault kind; each must have passed.
 //! Two Endpoints (a healthy and a flaky one) also have an ordered Subscription, and each
 //! fault is injected in the middle of a burst of events to them (issue 15: "kill -9 of the
 //! worker in the middle of an ordered burst, and a relay restart: order and completeness
@@ -28,6 +30,11 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     let out = std::env::temp_dir().join(format!("railhook-chaos-quick-{}.json", std::process::id()));
     railhook_chaos::write_json(&report, &out).expect("write the report");
     let v = &report.verdict;
+    for kind in ["postgres_crash", "net_reset", "kill_worker", "kafka_restart"] {
+        let k = report.kinds.get(kind).unwrap_or_else(|| panic!("no {kind} entry:\n{text}"));
+        assert!(k.injected == 1 && k.passed, "{kind}: {:?}\n{text}", k.failures);
+    }
+    assert_eq!(report.lost, 0, "lost:\n{text}");
     // Every planned fault was injected: the quick mode is only worth its name if it is.
     assert_eq!(report.faults.len(), report.faults_planned.len(), "every planned fault was injected:\n{text}");
     assert_eq!(v.accepted, v.planned_events, "the client had every event accepted in the end:\n{text}");
@@ -45,7 +52,7 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     assert_eq!(v.duplicates.unexplained, 0, "unexplained duplicates:\n{text}");
     assert_eq!(v.stuck, 0, "stuck deliveries:\n{text}");
     // The incoming direction (issue 16): Forwards under the same faults.
-    let f = &v.forwards;
+    let f = &report.forwards;
     assert_eq!(f.accepted, f.planned, "every incoming request was accepted in the end:\n{text}");
     // Every fault (the worker's kill -9 first) hit Forwards in flight (created, not yet answered 2xx).
     for x in &f.in_flight_at_faults {
@@ -57,5 +64,5 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     assert_eq!(f.unexpected, 0, "Forwards beyond one per Incoming Event and Destination:\n{text}");
     assert_eq!(f.duplicates.unexplained, 0, "unexplained Forward duplicates:\n{text}");
     assert_eq!(f.stuck, 0, "stuck Forwards:\n{text}");
-    assert!(v.passed, "verdict:\n{text}");
+    assert!(v.passed && report.passed, "verdict:\n{text}");
 }

@@ -18,6 +18,7 @@
 //! | PENDING (due) | PENDING, tokened and announced | the retry scheduler | [`schedule::schedule_due`] |
 //! | PROCESSING (stuck) | PENDING, announced | the sweep, after `worker.processing_timeout_seconds` | [`schedule::sweep`] |
 //! | PENDING (stranded) | PENDING, announced | the sweep, after `worker.stranded_after_seconds` | [`schedule::sweep`] |
+//! | PENDING (its claim forgotten by a Postgres crash) | PENDING, announced | the worker's sweep loop, once per server start it sees | [`schedule::reannounce_after_restart`] |
 //! | PENDING (past the hard cap) | FAILED | the sweep | [`schedule::sweep`] |
 //! | PENDING (unclaimed) | PENDING, announced | the relay, after it created a slot | [`schedule::reannounce_pending`] |
 //! | FAILED | PENDING, announced | a person: manual and bulk retry | [`manual::retry`], [`manual::retry_many`] |
@@ -62,7 +63,7 @@ pub mod schedule;
 
 pub use claim::{claim_batch, claim_batch_finishing, park_held, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
-pub use schedule::{queue_gauges, reannounce_pending, schedule_due, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
+pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 
 /// The repeatable SQL of the lifecycle's rules: (name, text). Applied by the migrator.
 pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql")), ("announce", include_str!("announce.sql"))];

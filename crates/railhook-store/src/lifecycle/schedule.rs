@@ -104,6 +104,54 @@ UPDATE forwards f SET status = 'FAILED', claim_token = NULL, next_retry_at = NUL
                       last_error = coalesce(f.last_error || '; ', '') || 'hard cap reached', updated_at = now()
 FROM capped WHERE f.id = capped.id";
 
+/// After a Postgres restart: PENDING Deliveries, due, unclaimed and last announced before
+/// the server started, are announced again (reason `reannounce`); bounded by `$1`.
+///
+/// Why: a claim commits with `synchronous_commit = off` (`worker.claim_synchronous_commit`),
+/// so a crash can forget the claims of its last WAL-writer rounds while their requests were
+/// already sent. Such a Delivery is PENDING again with no claim and its hint consumed: no
+/// hint would come before the stranded sweep (`worker.stranded_after_seconds`, an hour by
+/// default). Every such row was last announced before the crash, hence before the server's
+/// start; a row announced since (by the ingest, a sweep, or this statement) is not touched,
+/// so the statement finds nothing once it has run, and a clean restart costs at most one
+/// extra hint per waiting Delivery, which the Claim absorbs. Rows with a scheduler token
+/// are the retry scheduler's (`worker.retry_reannounce_after_seconds`).
+const REANNOUNCE_AFTER_RESTART_SQL: &str = "
+WITH forgotten AS (
+    SELECT id FROM deliveries
+    WHERE status = 'PENDING' AND claim_token IS NULL
+      AND (next_retry_at IS NULL OR next_retry_at <= now())
+      AND last_announced_at < pg_postmaster_start_time()
+    ORDER BY last_announced_at LIMIT $1 FOR UPDATE SKIP LOCKED
+), marked AS (
+    UPDATE deliveries d SET last_announced_at = now(), updated_at = now()
+    FROM forgotten WHERE d.id = forgotten.id
+    RETURNING d.id, d.project_id, d.endpoint_id
+), announced AS (
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $2) AS n FROM marked
+)
+SELECT marked.id FROM marked CROSS JOIN announced";
+
+/// When the Postgres server (its postmaster) started: a change means it restarted.
+pub async fn server_started_at(db: &impl GenericClient) -> Result<chrono::DateTime<chrono::Utc>, tokio_postgres::Error> {
+    Ok(db.query_one("SELECT pg_postmaster_start_time()", &[]).await?.get(0))
+}
+
+/// Announces again, in batches of `batch`, the Deliveries whose claim a Postgres crash may
+/// have forgotten (see [`REANNOUNCE_AFTER_RESTART_SQL`]); how many. The worker runs it once
+/// per server start it sees (`railhook_worker`'s sweep loop).
+pub async fn reannounce_after_restart(db: &impl GenericClient, batch: i64) -> Result<u64, tokio_postgres::Error> {
+    let reason = AnnouncementReason::Reannounce.as_str();
+    let mut total = 0u64;
+    loop {
+        let n = db.query(REANNOUNCE_AFTER_RESTART_SQL, &[&batch, &reason]).await?.len() as u64;
+        total += n;
+        if (n as i64) < batch {
+            return Ok(total);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swept {
     pub stuck: u64,
