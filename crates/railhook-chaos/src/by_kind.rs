@@ -456,20 +456,7 @@ mod tests {
     }
 
     fn arrival(delivery: Uuid, at: i64, answered_ms: i64, status: u16, skew_s: i64) -> Arrival {
-        Arrival {
-            webhook_id: railhook_core::DeliveryId(delivery).to_string(),
-            endpoint: 0,
-            received_at: t(at),
-            answered_at: Some(t(at + answered_ms)),
-            status: Some(status),
-            behaviour: "ok".into(),
-            verified: true,
-            sequence: None,
-            idempotency_key: None,
-            incoming_event_id: None,
-            forward_attempt: None,
-            sent_timestamp: t(at).timestamp() + skew_s,
-        }
+        Arrival::for_test(delivery, at, answered_ms, status, skew_s)
     }
 
     /// One healthy Endpoint subscribed to `a.*`; `n` events accepted at `accepted[i]`, each

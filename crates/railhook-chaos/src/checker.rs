@@ -464,20 +464,7 @@ mod tests {
     }
 
     fn arrival(delivery: Uuid, at: i64, status: u16) -> Arrival {
-        Arrival {
-            webhook_id: delivery_text(delivery),
-            endpoint: 0,
-            received_at: t(at),
-            answered_at: Some(t(at + 5)),
-            status: Some(status),
-            behaviour: "ok".into(),
-            verified: true,
-            sequence: None,
-            idempotency_key: None,
-            incoming_event_id: None,
-            forward_attempt: None,
-            sent_timestamp: t(at).timestamp(),
-        }
+        Arrival::for_test(delivery, at, 5, status, 0)
     }
 
     fn attempt(delivery: Uuid, n: i32, at: i64, ms: i32, result: &str) -> AttemptRow {

@@ -91,6 +91,28 @@ pub struct Arrival {
 }
 
 impl Arrival {
+    /// The checkers' tests' arrival: a verified Delivery request to Endpoint 0, received at
+    /// `at_ms` past a fixed instant, answered `answered_ms` later with `status`, sent by a
+    /// worker whose clock was `skew_s` ahead.
+    #[cfg(test)]
+    pub(crate) fn for_test(delivery: uuid::Uuid, at_ms: i64, answered_ms: i64, status: u16, skew_s: i64) -> Arrival {
+        let t = |ms: i64| DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap_or_default();
+        Arrival {
+            webhook_id: railhook_core::DeliveryId(delivery).to_string(),
+            endpoint: 0,
+            received_at: t(at_ms),
+            answered_at: Some(t(at_ms + answered_ms)),
+            status: Some(status),
+            behaviour: "ok".into(),
+            verified: true,
+            sequence: None,
+            idempotency_key: None,
+            incoming_event_id: None,
+            forward_attempt: None,
+            sent_timestamp: t(at_ms).timestamp() + skew_s,
+        }
+    }
+
     /// The sending worker's clock minus the receiver's, in whole seconds (about 0, or about
     /// 30 for the worker of `clock_skew`).
     pub fn sender_skew_s(&self) -> i64 {

@@ -176,21 +176,6 @@ pub async fn claim_batch_finishing<C: Prepared>(
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by_key(|&i| (requests[i].position.is_none(), requests[i].position, requests[i].delivery.0));
     let requests: Vec<ClaimRequest> = order.iter().map(|&i| requests[i]).collect();
-    let results = claim_sorted(db, &requests, limits, finishing, mine).await?;
-    let mut out = vec![ClaimResult::Nothing; results.len()];
-    for (result, i) in results.into_iter().zip(order) {
-        out[i] = result;
-    }
-    Ok(out)
-}
-
-async fn claim_sorted<C: Prepared>(
-    db: &C,
-    requests: &[ClaimRequest],
-    limits: &Limits,
-    finishing: &[ClaimToken],
-    mine: &[ClaimToken],
-) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     let claim = db.prepare_cached(claim_sql(limits.synchronous_commit)).await?;
     let read = db.prepare_cached(CLAIMED_SQL).await?;
     let deliveries: Vec<DeliveryId> = requests.iter().map(|r| r.delivery).collect();
@@ -238,7 +223,12 @@ async fn claim_sorted<C: Prepared>(
             },
         };
     }
-    Ok(results)
+    // Back in the order of the caller's requests.
+    let mut out = vec![ClaimResult::Nothing; results.len()];
+    for (result, i) in results.into_iter().zip(order) {
+        out[i] = result;
+    }
+    Ok(out)
 }
 
 fn claimed_row(r: &tokio_postgres::Row) -> Result<Claimed, tokio_postgres::Error> {

@@ -99,6 +99,16 @@ DECLARE
     pred_token uuid;
     pred_next timestamptz;
     ordering_busy boolean;
+    -- PROCESSING counts per Endpoint and per Project, read once per batch (issue 30) and
+    -- raised by this batch's own claims: under the advisory locks no other claim adds to
+    -- them before this transaction commits, and a finalise meanwhile only lowers the real
+    -- count (the cached one errs on the safe side).
+    ep_keys uuid[] := '{}';
+    ep_counts integer[] := '{}';
+    pr_keys uuid[] := '{}';
+    pr_counts integer[] := '{}';
+    ep_j integer;
+    pr_j integer;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -225,20 +235,34 @@ BEGIN
             defer_until := c_until;
         END IF;
 
-        -- Concurrency.
+        -- Concurrency (counted once per batch, see ep_counts).
+        ep_j := NULL;
+        pr_j := NULL;
         IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
-            SELECT count(*) INTO n FROM deliveries
-            WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING'
-              AND NOT coalesce(claim_token = ANY (p_finishing), false);
-            IF n >= p_endpoint_concurrency THEN
+            ep_j := array_position(ep_keys, d.endpoint_id);
+            IF ep_j IS NULL THEN
+                SELECT count(*) INTO n FROM deliveries
+                WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING'
+                  AND NOT coalesce(claim_token = ANY (p_finishing), false);
+                ep_keys := ep_keys || d.endpoint_id;
+                ep_counts := ep_counts || n;
+                ep_j := cardinality(ep_keys);
+            END IF;
+            IF ep_counts[ep_j] >= p_endpoint_concurrency THEN
                 reason := 'endpoint_concurrency';
                 defer_until := now() + interval '1 second';
             END IF;
         END IF;
         IF reason IS NULL AND p_project_concurrency > 0 THEN
-            SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING'
-              AND NOT coalesce(claim_token = ANY (p_finishing), false);
-            IF n >= p_project_concurrency THEN
+            pr_j := array_position(pr_keys, d.project_id);
+            IF pr_j IS NULL THEN
+                SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING'
+                  AND NOT coalesce(claim_token = ANY (p_finishing), false);
+                pr_keys := pr_keys || d.project_id;
+                pr_counts := pr_counts || n;
+                pr_j := cardinality(pr_keys);
+            END IF;
+            IF pr_counts[pr_j] >= p_project_concurrency THEN
                 reason := 'project_concurrency';
                 defer_until := now() + interval '1 second';
             END IF;
@@ -283,6 +307,18 @@ BEGIN
         IF NOT FOUND THEN
             idx := i; outcome := 'none'; RETURN NEXT;
             CONTINUE;
+        END IF;
+        -- This claim counts against both limits for the rest of the batch. (A count not read
+        -- yet will see it: the counting query's snapshot includes this transaction's writes.)
+        IF ep_j IS NOT NULL THEN
+            ep_counts[ep_j] := ep_counts[ep_j] + 1;
+        ELSIF array_position(ep_keys, d.endpoint_id) IS NOT NULL THEN
+            ep_counts[array_position(ep_keys, d.endpoint_id)] := ep_counts[array_position(ep_keys, d.endpoint_id)] + 1;
+        END IF;
+        IF pr_j IS NOT NULL THEN
+            pr_counts[pr_j] := pr_counts[pr_j] + 1;
+        ELSIF array_position(pr_keys, d.project_id) IS NOT NULL THEN
+            pr_counts[array_position(pr_keys, d.project_id)] := pr_counts[array_position(pr_keys, d.project_id)] + 1;
         END IF;
 
         IF ep_rate IS NOT NULL AND ep_rate > 0 THEN
