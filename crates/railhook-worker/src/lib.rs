@@ -248,7 +248,7 @@ impl Consuming<'_> {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
                     let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None, position: None }, place: None, received: None };
-                    if let Some(start) = self.queues.offer(endpoint, queued, now) {
+                    if let Some(start) = self.queues.offer_front(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);
                         } else {

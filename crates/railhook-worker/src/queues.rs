@@ -273,6 +273,22 @@ impl EndpointQueues {
         None
     }
 
+    /// [`EndpointQueues::offer`], but a hint that has to wait goes to the front of its
+    /// Endpoint's queue: the ordered successor a finalise released, which everything queued
+    /// behind it for that Endpoint waits for (at the back it would wait behind them, and the
+    /// retry scheduler would announce it meanwhile under its own token).
+    pub fn offer_front(&mut self, endpoint: EndpointId, queued: Queued, now: Instant) -> Option<Start> {
+        let limits = self.limits;
+        let e = self.endpoints.entry(endpoint).or_default();
+        if e.waiting.is_empty() && Self::may_run(&limits, e, now) {
+            e.running += 1;
+            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
+        }
+        e.waiting.push_front((queued, now));
+        self.waiting += 1;
+        None
+    }
+
     /// An Attempt of `endpoint` started by this queue finished. `busy`: its claim found a
     /// limit taken (the hint goes back to the front) and which, or `None` when the claim step
     /// ended otherwise. Returns the Endpoints to pump now: `endpoint` itself, and, when a slot

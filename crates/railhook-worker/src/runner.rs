@@ -146,6 +146,11 @@ impl Drop for FinishingGuard {
 /// Waits before claiming again a Delivery the claim did not see (`ClaimResult::Missing`):
 /// about 4 s in all, far beyond the moment between a commit's WAL flush and its visibility.
 const UNSEEN_RETRY_MS: [u64; 8] = [2, 5, 10, 25, 50, 200, 700, 3000];
+/// Waits before claiming again an ordered Delivery whose predecessor was due and unclaimed
+/// (`ClaimResult::Behind`): its hint is normally a claim batch away. Short, because the task
+/// holds one of the Endpoint's slots meanwhile: if the predecessor's hint waits for a slot
+/// (or was announced again at the back of the queue), it is parked instead.
+const BEHIND_RETRY_MS: [u64; 4] = [1, 2, 5, 10];
 /// Claims that fail (Postgres unreachable) are made again this many times, 0.2 s to 5 s
 /// apart: about five minutes.
 const CLAIM_FAILURE_RETRIES: u32 = 64;
@@ -363,12 +368,12 @@ impl Runner {
     async fn claim(&self, hint: Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
         let mut request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at, position: hint.position };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
-        let mut behind_waits = UNSEEN_RETRY_MS.iter();
+        let mut behind_waits = BEHIND_RETRY_MS.iter();
         let mut failures = 0u32;
         loop {
             let wait = match self.claimer.call(request).await {
                 // An ordered Delivery whose predecessor's hint is about to claim it: claim again
-                // shortly (holding the slot), to go behind it. After about 4 s the claim is
+                // shortly (holding the slot), to go behind it. After about 20 ms the claim is
                 // made in the Deferral mode, which parks it.
                 Ok(ClaimResult::Behind) => {
                     self.metrics.claims_busy.with_label_values(&[DeferralReason::Ordering.as_str()]).inc();
