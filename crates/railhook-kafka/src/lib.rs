@@ -45,10 +45,24 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
 pub const SESSION_TIMEOUT_MS: &str = "10000";
 pub const HEARTBEAT_INTERVAL_MS: &str = "3000";
 
+/// How long the broker may hold an empty fetch (librdkafka's default 500 ms), and how long
+/// the consumer waits after a fetch error before fetching again (500 ms): a hint that lands
+/// on a partition whose fetch just errored (a topic seconds old, a leader moving) waited up to
+/// that long before the worker saw it (issue 30: `read_to_poll` p99 near 500 ms on a fresh
+/// stack). The broker answers a waiting fetch as soon as data arrives, so a shorter wait
+/// costs idle fetch requests (10 a second per broker), not latency.
+pub const FETCH_WAIT_MAX_MS: &str = "100";
+pub const FETCH_ERROR_BACKOFF_MS: &str = "50";
+
 pub fn consumer_config(kafka: &KafkaConfig, group_id: &str) -> ClientConfig {
     let mut config = client_config(kafka);
     config.set("group.id", group_id);
-    for (key, default) in [("session.timeout.ms", SESSION_TIMEOUT_MS), ("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS)] {
+    for (key, default) in [
+        ("session.timeout.ms", SESSION_TIMEOUT_MS),
+        ("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS),
+        ("fetch.wait.max.ms", FETCH_WAIT_MAX_MS),
+        ("fetch.error.backoff.ms", FETCH_ERROR_BACKOFF_MS),
+    ] {
         if !kafka.properties.contains_key(key) {
             config.set(key, default);
         }
