@@ -385,7 +385,7 @@ impl Default for ApiConfig {
             linger_max_bytes: 4 * 1024 * 1024,
             secret_rotation_grace_seconds: 24 * 3600,
             ingest_pacing: true,
-            ingest_hold_above_ms: 250,
+            ingest_hold_above_ms: 100,
             ingest_max_hold_ms: 1_000,
             ingest_hold_ignore_above_ms: 30_000,
         }
