@@ -334,8 +334,15 @@ fn kind_checks(k: &KindInputs, faults: &[&FaultRecord], out: &mut ByKind) {
                 if s.requests == 0 {
                     r.failures.push("no request of the skewed worker arrived".into());
                 }
-                if s.early + s.late > 0 {
-                    r.failures.push(format!("the skewed worker timed {} retries early and {} late", s.early, s.late));
+                // Early is the fault's defect (a host clock ahead timing retries itself fires
+                // them early). Late is reported, not failed: in a full run the skewed worker
+                // works alone behind the other faults' backlog, and its retries come late for
+                // that reason too (the 50,000-event run of 2026-12-05: 1,177 of 1,233 more
+                // than 15 s late, the largest 327 s, none early); a quiet run shows a clock
+                // error as lateness by the skew (helper run: 678 of 678 late before the fix, 0
+                // after), RELIABILITY.md "clock_skew".
+                if s.early > 0 {
+                    r.failures.push(format!("the skewed worker timed {} retries early", s.early));
                 }
             }
             _ => {}
@@ -570,7 +577,7 @@ mod tests {
     }
 
     #[test]
-    fn retries_the_skewed_worker_timed_late_fail_and_on_time_pass() {
+    fn retries_the_skewed_worker_timed_late_are_counted_and_early_ones_fail() {
         for (gap_ms, late) in [(1_200, false), (31_000, true)] {
             let mut w = world(&[0]);
             let d = w.deliveries[0];
@@ -587,8 +594,22 @@ mod tests {
             let skew = &r.kinds["clock_skew"];
             assert_eq!((skew.figures["skewed_requests"].as_u64(), skew.figures["skewed_retries"].as_u64()), (Some(2), Some(1)));
             assert_eq!(skew.figures["retries_late"].as_u64(), Some(u64::from(late)));
-            assert_eq!(skew.passed, !late, "{:?}", skew.failures);
+            assert!(skew.passed, "late is reported, not failed: {:?}", skew.failures);
         }
+        // Attempt 4 after the ladder's third wait (2 s, at least 1 s jittered), sent at once:
+        // early.
+        let mut w = world(&[0]);
+        let d = w.deliveries[0];
+        w.inputs.faults = vec![fault(FaultKind::ClockSkew, 0, 60_000, serde_json::Value::Null)];
+        w.inputs.arrivals = vec![arrival(d, 100, 5, 500, 30), arrival(d, 1_300, 5, 500, 30), arrival(d, 2_500, 5, 500, 30), arrival(d, 2_510, 5, 200, 30)];
+        w.inputs.attempts = (1..=4)
+            .map(|n| AttemptRow { delivery_id: d, attempt_number: n, started_at: t(100), duration_ms: 5, result: "http_status".into(), status_code: Some(500) })
+            .collect();
+        w.inputs.deliveries[0].attempt_count = 4;
+        let r = report(&w, &[], 4);
+        let skew = &r.kinds["clock_skew"];
+        assert_eq!(skew.figures["retries_early"].as_u64(), Some(1));
+        assert!(!skew.passed, "an early retry fails the kind");
     }
 
     #[test]

@@ -305,7 +305,18 @@ impl Runner {
     /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
     /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
     /// [`Runner::attempt`]).
-    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    ///
+    /// `claimed_tx` gets the parked ordered successors the claim made due
+    /// (`Claimed::unparked`), which the consume loop queues first.
+    pub async fn run(
+        &self,
+        hint: Hint,
+        received: Option<Instant>,
+        mode: ClaimMode,
+        claimed_tx: impl FnOnce(&[railhook_core::DeliveryId]),
+        sent_tx: impl FnOnce(),
+        hard_stop: CancellationToken,
+    ) -> Result<Outcome, WorkerError> {
         let claimed = self.claim(hint, mode, &hard_stop).await;
         let claim_done = Instant::now();
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
@@ -314,7 +325,12 @@ impl Runner {
         }
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
-        claimed_tx();
+        let unparked = match &claimed {
+            Ok(Some(ClaimResult::Claimed(c))) => c.unparked.as_slice(),
+            _ => &[],
+        };
+        self.metrics.ordering_unparked.inc_by(unparked.len() as u64);
+        claimed_tx(unparked);
         let claimed = match claimed? {
             Some(ClaimResult::Claimed(c)) => *c,
             None => return Ok(Ran::NothingClaimed.into()),
