@@ -15,6 +15,7 @@ pub const ENV_ALIASES: &[(&str, &str)] = &[
     ("RAILHOOK_ADMIN_TOKEN", "api.admin_token"),
     ("RAILHOOK_DATABASE_URL", "database.url"),
     ("RAILHOOK_KAFKA_BROKERS", "kafka.brokers"),
+    ("RAILHOOK_TRANSPORT", "transport"),
 ];
 
 /// Values from command-line flags: the last layer. Keys are dotted paths

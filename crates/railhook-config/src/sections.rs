@@ -9,6 +9,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// How announcements travel from the relay to the workers: `kafka`, `inline` (the relay
+    /// hands them to the workers of the same `railhook all` process through a bounded
+    /// channel; no Kafka), or `auto` (the default): `kafka` when `kafka.brokers` is set,
+    /// `inline` when it is not. See [`Config::transport`].
+    pub transport: Transport,
     pub database: DatabaseConfig,
     pub kafka: KafkaConfig,
     pub api: ApiConfig,
@@ -115,6 +120,36 @@ pub struct IngressConfig {
 impl Default for IngressConfig {
     fn default() -> Self {
         IngressConfig { max_body_bytes: 512 * 1024, secret_overlap_seconds: 24 * 3600, public_url: String::new() }
+    }
+}
+
+/// The `transport` setting as written ([`Config::transport`] resolves `auto`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// `kafka` when `kafka.brokers` is set, `inline` when it is empty.
+    Auto,
+    /// Announcements go through Kafka topics: the relay, the workers and the API may run as
+    /// separate processes, as many workers as partitions.
+    Kafka,
+    /// Announcements go from the relay to the workers of the same process (`railhook all`)
+    /// through a bounded channel; Postgres is the only server Railhook needs.
+    Inline,
+}
+
+/// The transport in effect (`auto` resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    Kafka,
+    Inline,
+}
+
+impl TransportKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Kafka => "kafka",
+            TransportKind::Inline => "inline",
+        }
     }
 }
 
@@ -331,6 +366,7 @@ pub struct TelemetryConfig {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            transport: Transport::Auto,
             database: DatabaseConfig::default(),
             kafka: KafkaConfig::default(),
             api: ApiConfig::default(),
@@ -358,7 +394,7 @@ impl Default for DatabaseConfig {
 impl Default for KafkaConfig {
     fn default() -> Self {
         KafkaConfig {
-            brokers: "127.0.0.1:19092".into(),
+            brokers: String::new(),
             topic_prefix: String::new(),
             deliveries_topic: "railhook.deliveries".into(),
             forwards_topic: "railhook.forwards".into(),
@@ -452,6 +488,17 @@ impl Default for TelemetryConfig {
 }
 
 impl Config {
+    /// The transport in effect: `transport` as set, or for `auto`, Kafka when
+    /// `kafka.brokers` is set and inline when it is empty.
+    pub fn transport(&self) -> TransportKind {
+        match self.transport {
+            Transport::Kafka => TransportKind::Kafka,
+            Transport::Inline => TransportKind::Inline,
+            Transport::Auto if self.kafka.brokers.trim().is_empty() => TransportKind::Inline,
+            Transport::Auto => TransportKind::Kafka,
+        }
+    }
+
     /// Full topic name of the deliveries topic, prefix included.
     pub fn deliveries_topic(&self) -> String {
         format!("{}{}", self.kafka.topic_prefix, self.kafka.deliveries_topic)

@@ -12,8 +12,8 @@ impl Config {
         if self.database.max_connections == 0 {
             problems.push("database.max_connections must be at least 1".into());
         }
-        if self.kafka.brokers.trim().is_empty() {
-            problems.push("kafka.brokers is empty: set it to host:port[,host:port], e.g. RAILHOOK_KAFKA__BROKERS=127.0.0.1:19092".into());
+        if self.transport == crate::Transport::Kafka && self.kafka.brokers.trim().is_empty() {
+            problems.push("transport is kafka but kafka.brokers is empty: set kafka.brokers to host:port[,host:port] (e.g. RAILHOOK_KAFKA_BROKERS=127.0.0.1:19092), or set transport = \"inline\" to run without Kafka under `railhook all`".into());
         }
         if self.kafka.partitions < 1 {
             problems.push(format!("kafka.partitions is {}: it must be at least 1", self.kafka.partitions));

@@ -257,11 +257,48 @@ impl Announcement {
 /// on its behalf.
 ///
 /// Cloning shares the producer (librdkafka's handle is reference-counted).
+///
+/// With the inline transport ([`crate::inline`]) the same type hands announcements to the
+/// worker of the process instead, and the acknowledgement is the worker's.
 #[derive(Clone)]
 pub struct Announcer {
-    producer: FutureProducer,
+    via: Via,
     deliveries_topic: String,
     forwards_topic: String,
+}
+
+#[derive(Clone)]
+enum Via {
+    Kafka(FutureProducer),
+    Inline(crate::inline::InlineSender),
+}
+
+/// One message's acknowledgement ([`Announcer::send`]): Kafka's, or with the inline transport
+/// the worker's, when the hint's claim step is over.
+pub struct Acknowledgement(AckInner);
+
+enum AckInner {
+    Kafka(DeliveryFuture),
+    Inline(tokio::sync::oneshot::Receiver<()>),
+}
+
+impl std::future::Future for Acknowledgement {
+    type Output = Result<(), KafkaError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        match &mut self.0 {
+            AckInner::Kafka(f) => match std::pin::Pin::new(f).poll(cx) {
+                Poll::Ready(Ok(Ok(_))) => Poll::Ready(Ok(())),
+                Poll::Ready(Ok(Err((e, _)))) => Poll::Ready(Err(e)),
+                // The producer was destroyed with the message still queued.
+                Poll::Ready(Err(_)) => Poll::Ready(Err(KafkaError::Canceled)),
+                Poll::Pending => Poll::Pending,
+            },
+            // A hint the worker dropped (it stopped) is not acknowledged.
+            AckInner::Inline(rx) => std::pin::Pin::new(rx).poll(cx).map(|r| r.map_err(|_| KafkaError::Canceled)),
+        }
+    }
 }
 
 /// How long to wait before handing a message over again while the local queue is full.
@@ -271,7 +308,17 @@ impl Announcer {
     /// `producer` should be [`crate::idempotent_producer`]'s (the relay's guarantees assume
     /// idempotence and `acks=all`); the topics are `config`'s.
     pub fn new(producer: FutureProducer, config: &Config) -> Announcer {
-        Announcer { producer, deliveries_topic: deliveries_topic(config), forwards_topic: forwards_topic(config) }
+        Announcer { via: Via::Kafka(producer), deliveries_topic: deliveries_topic(config), forwards_topic: forwards_topic(config) }
+    }
+
+    /// The inline transport's: announcements go to the worker of this process.
+    pub fn inline(sender: crate::inline::InlineSender, config: &Config) -> Announcer {
+        Announcer { via: Via::Inline(sender), deliveries_topic: deliveries_topic(config), forwards_topic: forwards_topic(config) }
+    }
+
+    /// Whether this announcer is the inline transport's.
+    pub fn is_inline(&self) -> bool {
+        matches!(self.via, Via::Inline(_))
     }
 
     /// The topic an announcement goes to.
@@ -287,7 +334,14 @@ impl Announcer {
     /// [`header::COMMIT_TIME_US`] and [`header::RELAY_READ_US`]), waiting while its queue is
     /// full. The returned future resolves when Kafka acknowledged or refused this message; an
     /// error here means it was never handed over.
-    pub async fn send(&self, announcement: &Announcement, stamp: &Stamp) -> Result<DeliveryFuture, KafkaError> {
+    pub async fn send(&self, announcement: &Announcement, stamp: &Stamp) -> Result<Acknowledgement, KafkaError> {
+        let producer = match &self.via {
+            Via::Kafka(p) => p,
+            Via::Inline(sender) => {
+                let rx = sender.send(announcement, stamp).await.map_err(|_| KafkaError::Canceled)?;
+                return Ok(Acknowledgement(AckInner::Inline(rx)));
+            }
+        };
         let (topic, key, value) = (self.topic(announcement), announcement.key(), announcement.to_bytes());
         let outbox_id = announcement.outbox_id.to_string();
         let mut headers = OwnedHeaders::new_with_capacity(4).insert(Header { key: header::OUTBOX_ID, value: Some(outbox_id.as_bytes()) });
@@ -302,8 +356,8 @@ impl Announcer {
         }
         loop {
             let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers.clone());
-            match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
+            match producer.send_result(record) {
+                Ok(delivery) => return Ok(Acknowledgement(AckInner::Kafka(delivery))),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => tokio::time::sleep(QUEUE_FULL_WAIT).await,
                 Err((e, _)) => return Err(e),
             }
@@ -313,7 +367,8 @@ impl Announcer {
     /// Waits up to `timeout` for what is queued to be delivered. librdkafka's flush blocks, so
     /// it runs off the async threads.
     pub async fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
-        let producer = self.producer.clone();
+        let Via::Kafka(producer) = &self.via else { return Ok(()) };
+        let producer = producer.clone();
         tokio::task::spawn_blocking(move || producer.flush(timeout)).await.map_err(|_| KafkaError::Canceled)?
     }
 }

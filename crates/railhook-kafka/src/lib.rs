@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 pub mod announcement;
-pub use announcement::{Announcement, AnnouncementError, Announcer, Stamp, Target};
+pub mod inline;
+pub use announcement::{Acknowledgement, Announcement, AnnouncementError, Announcer, Stamp, Target};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

@@ -164,6 +164,13 @@ fn server_sqlstate(message: &str) -> Option<tokio_postgres::error::SqlState> {
 /// Runs the relay in the configured mode until `shutdown`: the CDC supervisor or the poller,
 /// plus the slot-health sampler and the outbox cleanup.
 pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
+    run_with(config, metrics, None, shutdown).await
+}
+
+/// [`run`], with the transport: `inline` hands every announcement to the worker of this
+/// process (`railhook_kafka::inline`); `None` produces to Kafka. The inline transport is
+/// `railhook all`'s, which makes the channel and gives the worker its other end.
+pub async fn run_with(config: Arc<Config>, metrics: RelayMetrics, inline: Option<railhook_kafka::inline::InlineSender>, shutdown: CancellationToken) -> Result<(), RelayError> {
     let background = shutdown.child_token();
     let every = Duration::from_secs(5).min(Duration::from_millis(config.relay.status_interval_ms * 5));
     let poll_mode = config.relay.mode == RelayMode::Poll;
@@ -179,8 +186,8 @@ pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancellat
         background.clone(),
     ));
     let result = match config.relay.mode {
-        RelayMode::Cdc => supervise(config, metrics, shutdown).await,
-        RelayMode::Poll => supervise_poll(config, metrics, shutdown).await,
+        RelayMode::Cdc => supervise(config, metrics, inline, shutdown).await,
+        RelayMode::Poll => supervise_poll(config, metrics, inline, shutdown).await,
     };
     background.cancel();
     while tasks.join_next().await.is_some() {}
@@ -189,10 +196,10 @@ pub async fn run(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancellat
 
 /// The poller restarts with a new producer after a produce error (it reconnects to Postgres
 /// by itself); rows it had claimed go back to PENDING, so nothing is skipped.
-async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
+async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, inline: Option<railhook_kafka::inline::InlineSender>, shutdown: CancellationToken) -> Result<(), RelayError> {
     let mut backoff = Backoff::new();
     while !shutdown.is_cancelled() {
-        let Some(announcer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+        let Some(announcer) = connect_producer(&config, inline.as_ref(), &shutdown).await? else { return Ok(()) };
         match poll::run(config.clone(), announcer, metrics.stats.clone(), shutdown.clone()).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_fatal() => return Err(e),
@@ -206,8 +213,12 @@ async fn supervise_poll(config: Arc<Config>, metrics: RelayMetrics, shutdown: Ca
 }
 
 /// Topics exist and an idempotent producer is built, wrapped in the [`Announcer`]; retried
-/// until Kafka answers or `shutdown` (then `None`).
-async fn connect_producer(config: &Config, shutdown: &CancellationToken) -> Result<Option<Announcer>, RelayError> {
+/// until Kafka answers or `shutdown` (then `None`). With the inline transport, the
+/// [`Announcer`] of its channel.
+async fn connect_producer(config: &Config, inline: Option<&railhook_kafka::inline::InlineSender>, shutdown: &CancellationToken) -> Result<Option<Announcer>, RelayError> {
+    if let Some(sender) = inline {
+        return Ok(Some(Announcer::inline(sender.clone(), config)));
+    }
     let topics = railhook_kafka::announcement::topics(config);
     let mut backoff = Backoff::new();
     loop {
@@ -253,8 +264,8 @@ impl Backoff {
 /// The CDC supervisor: set up, wait as a standby while another relay holds the slot, stream,
 /// and start over from the slot after any error that is not fatal. A lost or dropped slot is
 /// recreated (when `relay.recreate_lost_slot`) and what is still PENDING re-announced.
-async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: CancellationToken) -> Result<(), RelayError> {
-    let Some(mut announcer) = connect_producer(&config, &shutdown).await? else { return Ok(()) };
+async fn supervise(config: Arc<Config>, metrics: RelayMetrics, inline: Option<railhook_kafka::inline::InlineSender>, shutdown: CancellationToken) -> Result<(), RelayError> {
+    let Some(mut announcer) = connect_producer(&config, inline.as_ref(), &shutdown).await? else { return Ok(()) };
     let mut known = false;
     // Set when this process created the slot; cleared once the re-announcement succeeded.
     let mut needs_reannounce = stream::Reannounce::No;
@@ -339,9 +350,9 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, shutdown: Cancell
             }
             Err(e) => {
                 tracing::warn!(error = %e, "relay stream failed; resuming from the slot");
-                if matches!(e, RelayError::Produce(_)) {
+                if matches!(e, RelayError::Produce(_)) && !announcer.is_inline() {
                     // A fatal producer state (e.g. an idempotence violation) needs a new producer.
-                    match connect_producer(&config, &shutdown).await? {
+                    match connect_producer(&config, None, &shutdown).await? {
                         Some(a) => {
                             // Dropping the last handle of a producer flushes and destroys it,
                             // which blocks.

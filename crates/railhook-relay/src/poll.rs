@@ -301,13 +301,7 @@ async fn produce_batch(announcer: &Announcer, rows: &[OutboxRow], stats: &RelayS
     let (ids, deliveries): (Vec<i64>, Vec<_>) = pending.into_iter().unzip();
     let results = futures::future::join_all(deliveries).await;
     for (id, result) in ids.into_iter().zip(results) {
-        let error = match result {
-            Ok(Ok(_)) => None,
-            Ok(Err((e, _))) => Some(e),
-            // The producer was destroyed with the message still queued.
-            Err(_) => Some(rdkafka::error::KafkaError::Canceled),
-        };
-        match error {
+        match result.err() {
             None => {
                 stats.produced.fetch_add(1, Ordering::Relaxed);
                 out.acked.push(id);

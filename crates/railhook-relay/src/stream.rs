@@ -414,13 +414,7 @@ impl Streaming {
         let delivery = self.announcer.send(&announcement, &stamp).await.map_err(RelayError::Produce)?;
         let committed = self.commit_time;
         self.in_flight.push(Box::pin(async move {
-            let result = match delivery.await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err((e, _))) => Err(e),
-                // The producer was destroyed with the message still queued.
-                Err(_) => Err(KafkaError::Canceled),
-            };
-            (ticket, committed, read, result)
+            (ticket, committed, read, delivery.await)
         }));
         Ok(())
     }

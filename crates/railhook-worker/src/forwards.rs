@@ -489,9 +489,11 @@ fn store_offset(consumer: &StreamConsumer, topic: &str, tracker: &mut OffsetTrac
     }
 }
 
-/// The consume loop's state.
+/// The consume loop's state. With the inline transport there is no consumer: a hint's place
+/// is (0, its sequence number) and the end of its claim step acknowledges it to the relay.
 struct Consuming<'a> {
-    consumer: &'a StreamConsumer,
+    consumer: Option<&'a StreamConsumer>,
+    acks: std::collections::HashMap<i64, railhook_kafka::inline::Ack>,
     topic: String,
     tracker: OffsetTracker,
     forwarder: Arc<Forwarder>,
@@ -503,14 +505,36 @@ struct Consuming<'a> {
 
 impl Consuming<'_> {
     fn done(&mut self, partition: i32, offset: i64) {
-        store_offset(self.consumer, &self.topic, &mut self.tracker, partition, offset);
+        match self.consumer {
+            Some(consumer) => store_offset(consumer, &self.topic, &mut self.tracker, partition, offset),
+            None => {
+                if let Some(ack) = self.acks.remove(&offset) {
+                    ack.done();
+                }
+            }
+        }
     }
 
     /// A message: a task for its Forward, under a permit (the loop reads only with one free).
     fn message(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
         let (partition, offset) = (m.partition(), m.offset());
         self.tracker.started(partition, offset);
-        let Some((id, hint)) = parse_hint(m.key().unwrap_or_default(), m.payload().unwrap_or_default()) else {
+        let parsed = parse_hint(m.key().unwrap_or_default(), m.payload().unwrap_or_default());
+        self.hint(partition, offset, parsed);
+    }
+
+    /// An announcement from this process's relay (the inline transport).
+    fn inline(&mut self, inline: railhook_kafka::inline::InlineHint, seq: i64) {
+        self.acks.insert(seq, inline.ack);
+        let parsed = match inline.announcement.target {
+            railhook_kafka::Target::Forward { forward, .. } => Some((forward, inline.announcement.claim_token)),
+            railhook_kafka::Target::Delivery { .. } => None,
+        };
+        self.hint(0, seq, parsed);
+    }
+
+    fn hint(&mut self, partition: i32, offset: i64, parsed: Option<(ForwardId, Option<ClaimToken>)>) {
+        let Some((id, hint)) = parsed else {
             self.forwarder.metrics.bad_messages.inc();
             self.done(partition, offset);
             return;
@@ -534,11 +558,15 @@ impl Consuming<'_> {
 
 /// Consumes the forwards topic until `shutdown`, then drains: Attempts in flight get
 /// `worker.shutdown_grace_ms`, then their Claims are given back; offsets are committed.
-pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: CancellationToken) -> Result<(), WorkerError> {
-    let consumer = subscribe(&config)?;
+pub async fn run(
+    config: Arc<Config>, forwarder: Arc<Forwarder>, mut inline: Option<tokio::sync::mpsc::Receiver<railhook_kafka::inline::InlineHint>>, shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let consumer = if inline.is_some() { None } else { Some(subscribe(&config)?) };
+    let (mut seq, mut inline_open) = (0i64, inline.is_some());
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<(i32, i64)>();
     let mut c = Consuming {
-        consumer: &consumer,
+        consumer: consumer.as_ref(),
+        acks: Default::default(),
         topic: config.forwards_topic(),
         tracker: OffsetTracker::default(),
         forwarder,
@@ -554,9 +582,16 @@ pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: Cance
             _ = shutdown.cancelled() => break,
             Some((p, o)) = done_rx.recv() => c.done(p, o),
             Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
-            message = consumer.recv(), if c.permits.available_permits() > 0 => match message {
+            message = async { consumer.as_ref().expect("guarded").recv().await }, if consumer.is_some() && c.permits.available_permits() > 0 => match message {
                 Ok(m) => c.message(&m),
                 Err(e) => tracing::warn!(error = %e, "Kafka consumer error (Forwards)"),
+            },
+            hint = async { inline.as_mut().expect("guarded").recv().await }, if inline_open && c.permits.available_permits() > 0 => match hint {
+                Some(h) => {
+                    c.inline(h, seq);
+                    seq += 1;
+                }
+                None => inline_open = false,
             },
         }
     }
@@ -565,6 +600,7 @@ pub async fn run(config: Arc<Config>, forwarder: Arc<Forwarder>, shutdown: Cance
         c.done(p, o);
     }
     drop(c);
+    let Some(consumer) = consumer else { return Ok(()) };
     // The final commit waits for the broker, and closing the consumer until it left the
     // group: both off the async threads.
     tokio::task::spawn_blocking(move || {
@@ -635,12 +671,15 @@ pub async fn sweep_loop(pool: railhook_store::Pool, config: Arc<Config>, metrics
 
 /// Starts the Forwards' consume loop and sweeps (the worker's `run` spawns this); returns when
 /// `shutdown` is cancelled and the Attempts in flight drained.
-pub async fn serve(config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, clock: crate::clock::DbClock, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
+pub async fn serve(
+    config: Arc<Config>, pool: railhook_store::Pool, sender: http::Sender, clock: crate::clock::DbClock, metrics: WorkerMetrics,
+    inline: Option<tokio::sync::mpsc::Receiver<railhook_kafka::inline::InlineHint>>, shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
     let mut forwarder = Forwarder::new(&config, pool.clone(), sender, metrics.forwards.clone());
     forwarder.clock = clock;
     let forwarder = Arc::new(forwarder);
     let sweeps = tokio::spawn(sweep_loop(pool, config.clone(), metrics.forwards.clone(), shutdown.clone()));
-    let result = run(config, forwarder, shutdown).await;
+    let result = run(config, forwarder, inline, shutdown).await;
     sweeps.await.ok();
     result
 }

@@ -55,10 +55,22 @@ pub const SWEEP_BATCH: i64 = 1_000;
 /// the scheduler and sweeps stop (they own no in-flight work), then the Batchers end with
 /// the last Runner handle.
 pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    run_with(config, metrics, None, shutdown).await
+}
+
+/// [`run`], with the transport: `inline` takes the announcements of this process's relay
+/// from its channel (`railhook_kafka::inline`) instead of Kafka, and acknowledges each one
+/// when its claim step is over (where it would store its Kafka offset). `railhook all` makes
+/// the channel.
+pub async fn run_with(config: Arc<Config>, metrics: WorkerMetrics, inline: Option<railhook_kafka::inline::InlineReceivers>, shutdown: CancellationToken) -> Result<(), WorkerError> {
     let runner = Arc::new(runner_for(&config, &metrics)?);
     let task_panic = failpoint::TaskPanic::from_env()?.map(Arc::new);
     let topic = config.deliveries_topic();
-    loop {
+    let (inline_deliveries, inline_forwards) = match inline {
+        Some(r) => (Some(r.deliveries), Some(r.forwards)),
+        None => (None, None),
+    };
+    while inline_deliveries.is_none() {
         match railhook_kafka::ensure_topics(&config.kafka, &[topic.clone(), config.forwards_topic()]).await {
             Ok(()) => break,
             Err(e) => {
@@ -96,8 +108,8 @@ pub async fn run(config: Arc<Config>, metrics: WorkerMetrics, shutdown: Cancella
     let (wait_tx, wait_rx) = tokio::sync::watch::channel(Duration::ZERO);
     jobs.spawn(pacing_loop(runner.pool.clone(), wait_rx, background.clone()));
     let consumers = shutdown.child_token();
-    let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), runner.clock.clone(), metrics.clone(), consumers.clone()));
-    let outgoing = consume(&config, &topic, runner, wait_tx, task_panic, consumers.clone());
+    let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), runner.clock.clone(), metrics.clone(), inline_forwards, consumers.clone()));
+    let outgoing = consume(&config, &topic, runner, wait_tx, task_panic, inline_deliveries, consumers.clone());
     tokio::pin!(outgoing);
     let result = tokio::select! {
         result = &mut outgoing => {
@@ -154,15 +166,24 @@ fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError
 }
 
 /// The consumer's offsets: each message's offset is stored once its claim step finished,
-/// over a contiguous prefix per partition (`consumer::OffsetTracker`).
+/// over a contiguous prefix per partition (`consumer::OffsetTracker`). With the inline
+/// transport there is no consumer: a hint's place is (0, its sequence number in the channel)
+/// and its claim step's end sends its acknowledgement to the relay instead.
 struct Offsets<'a> {
-    consumer: &'a StreamConsumer,
+    consumer: Option<&'a StreamConsumer>,
     topic: &'a str,
     tracker: consumer::OffsetTracker,
+    acks: std::collections::HashMap<i64, railhook_kafka::inline::Ack>,
 }
 
 impl Offsets<'_> {
     fn done(&mut self, partition: i32, offset: i64) {
+        let Some(consumer) = self.consumer else {
+            if let Some(ack) = self.acks.remove(&offset) {
+                ack.done();
+            }
+            return;
+        };
         let Some(next) = self.tracker.done(partition, offset) else { return };
         // `rd_kafka_offsets_store` stores the offset as given: the next one to read.
         // (`Consumer::store_offset` wraps the legacy `rd_kafka_offset_store`, which stores
@@ -170,7 +191,7 @@ impl Offsets<'_> {
         let mut tpl = rdkafka::TopicPartitionList::new();
         let stored = tpl
             .add_partition_offset(self.topic, partition, rdkafka::Offset::Offset(next))
-            .and_then(|()| self.consumer.store_offsets(&tpl));
+            .and_then(|()| consumer.store_offsets(&tpl));
         if let Err(e) = stored {
             tracing::debug!(error = %e, partition, "cannot store offset (partition revoked?)");
         }
@@ -212,12 +233,32 @@ impl Consuming<'_> {
         let (partition, offset) = (message.partition(), message.offset());
         let received = tokio::time::Instant::now();
         let stamp = message.headers().map(|h| railhook_kafka::Stamp::from_headers(h.iter().map(|h| (h.key, h.value)))).unwrap_or_default();
+        self.offsets.tracker.started(partition, offset);
+        // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
+        let parsed = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default());
+        self.hint(partition, offset, received, stamp, parsed);
+    }
+
+    /// An announcement from this process's relay (the inline transport): the same as a
+    /// message, its place (0, `seq`), its acknowledgement sent when its claim step is over.
+    fn inline(&mut self, inline: railhook_kafka::inline::InlineHint, seq: i64) {
+        let received = tokio::time::Instant::now();
+        self.offsets.acks.insert(seq, inline.ack);
+        let parsed = match inline.announcement.target {
+            railhook_kafka::Target::Delivery { delivery, endpoint } => {
+                Some((endpoint, consumer::Hint { delivery, claim_token: inline.announcement.claim_token, announced_at: None, position: None }))
+            }
+            railhook_kafka::Target::Forward { .. } => None,
+        };
+        self.hint(0, seq, received, inline.stamp, parsed);
+    }
+
+    /// A hint at its place: run or queued by its Endpoint.
+    fn hint(&mut self, partition: i32, offset: i64, received: tokio::time::Instant, stamp: railhook_kafka::Stamp, parsed: Option<(EndpointId, consumer::Hint)>) {
         if let Some(read_us) = stamp.relay_read_us {
             self.runner.metrics.stages.observe_since_unix_micros(Stage::ReadToPoll, read_us);
         }
-        self.offsets.tracker.started(partition, offset);
-        // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
-        let Some((endpoint, mut hint)) = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default()) else {
+        let Some((endpoint, mut hint)) = parsed else {
             self.runner.metrics.bad_messages.inc();
             self.offsets.done(partition, offset);
             return;
@@ -305,10 +346,22 @@ impl Consuming<'_> {
 
 async fn consume(
     config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<Duration>, task_panic: Option<Arc<failpoint::TaskPanic>>,
-    shutdown: CancellationToken,
+    mut inline: Option<tokio::sync::mpsc::Receiver<railhook_kafka::inline::InlineHint>>, shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let consumer = subscribe(config, topic)?;
-    tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
+    let consumer = match inline {
+        None => {
+            let consumer = subscribe(config, topic)?;
+            tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
+            Some(consumer)
+        }
+        Some(_) => {
+            tracing::info!("worker taking announcements from this process's relay (transport inline)");
+            None
+        }
+    };
+    // The inline channel's sequence numbers (a hint's place), and whether the relay's side
+    // closed (the process is stopping).
+    let (mut seq, mut inline_open) = (0i64, inline.is_some());
     let max = config.worker.max_in_flight;
     // Each task sends at most four events (three without waiting: dropped when the channel is
     // full, each has a fallback) and waits (holding its
@@ -319,7 +372,7 @@ async fn consume(
     runner.metrics.queue_waiting_max.set(limits.waiting_total as i64);
     let mut c = Consuming {
         runner,
-        offsets: Offsets { consumer: &consumer, topic, tracker: consumer::OffsetTracker::default() },
+        offsets: Offsets { consumer: consumer.as_ref(), topic, tracker: consumer::OffsetTracker::default(), acks: Default::default() },
         queues: queues::EndpointQueues::new(limits),
         permits: Arc::new(Semaphore::new(max)),
         events_tx,
@@ -351,9 +404,16 @@ async fn consume(
                     c.pump(endpoint, now);
                 }
             }
-            message = consumer.recv(), if c.permits.available_permits() > 0 => match message {
+            message = async { consumer.as_ref().expect("guarded").recv().await }, if consumer.is_some() && c.permits.available_permits() > 0 => match message {
                 Ok(m) => c.message(&m),
                 Err(e) => tracing::warn!(error = %e, "Kafka consumer error"),
+            },
+            hint = async { inline.as_mut().expect("guarded").recv().await }, if inline_open && c.permits.available_permits() > 0 => match hint {
+                Some(h) => {
+                    c.inline(h, seq);
+                    seq += 1;
+                }
+                None => inline_open = false,
             },
         }
     }
@@ -361,6 +421,10 @@ async fn consume(
     // again after the restart.
     drain(config, &mut c.tasks, &mut events_rx, &mut c.offsets, &c.hard_stop).await;
     drop(c);
+    let Some(consumer) = consumer else {
+        tracing::info!("worker stopped");
+        return Ok(());
+    };
     if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
         tracing::warn!(error = %e, "final offset commit failed");
     }

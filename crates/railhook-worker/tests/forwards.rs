@@ -254,7 +254,7 @@ fn worker_process_start(config: &Config) -> tokio::process::Child {
 #[tokio::test]
 async fn a_worker_killed_with_sigkill_loses_no_forward() {
     let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(300), 200)).await;
-    let mut sys = System::start(|c| c.worker.processing_timeout_seconds = 5).await;
+    let mut sys = System::start_kafka(|c| c.worker.processing_timeout_seconds = 5).await;
     // The in-process worker leaves: the worker here is a process of its own.
     std::mem::replace(&mut sys.worker, Worker::start_paused()).stop().await;
     let (project, src) = source(&sys.pool).await;

@@ -123,7 +123,7 @@ async fn a_poisoned_event_holds_its_successors_for_the_gap_timeout_only() {
 #[tokio::test]
 async fn a_parked_delivery_shows_when_it_was_parked() {
     let (_receiver, base) = Receiver::start(|_, _| Act::Hang).await;
-    let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 600).await;
+    let sys = System::start_kafka(|c| c.worker.ordering_gap_timeout_seconds = 600).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/slow")], &ordered(&[1], 5)).await;
     // The first Delivery is claimed by someone else than the worker: the worker is stopped
     // meanwhile, and started again once the claim is made.
@@ -191,7 +191,7 @@ async fn an_ordered_burst_is_held_in_the_worker_and_sent_in_order() {
 #[tokio::test]
 async fn the_order_holds_while_the_partition_moves_between_two_workers() {
     let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(2), 200)).await;
-    let sys = System::start(|c| {
+    let sys = System::start_kafka(|c| {
         c.kafka.partitions = 4;
         c.worker.ordering_gap_timeout_seconds = 600;
     })

@@ -110,7 +110,7 @@ async fn a_timeout_is_retried() {
 #[tokio::test]
 async fn replayed_and_redelivered_announcements_claim_nothing() {
     let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
-    let sys = System::start(|_| {}).await;
+    let sys = System::start_kafka(|_| {}).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/once")], &spec(&[1], 3, 5)).await;
     let delivery = fixture.ingest(&sys.pool, "order.created").await.remove(0);
     sys.wait_status(&delivery, "SUCCESS", Duration::from_secs(30)).await;
@@ -142,7 +142,7 @@ async fn replayed_and_redelivered_announcements_claim_nothing() {
 #[tokio::test]
 async fn a_hint_that_overtakes_its_commit_is_claimed_once_the_commit_is_visible() {
     let (receiver, base) = Receiver::start(|_, _| Act::Status(200)).await;
-    let sys = System::start(|_| {}).await;
+    let sys = System::start_kafka(|_| {}).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/late")], &spec(&[1], 3, 5)).await;
     let first = fixture.ingest(&sys.pool, "order.created").await.remove(0);
     sys.wait_status(&first, "SUCCESS", Duration::from_secs(30)).await;
@@ -252,7 +252,7 @@ async fn a_dead_endpoint_does_not_delay_a_healthy_one_on_its_partition() {
 #[tokio::test]
 async fn concurrency_limits_hold_across_two_workers_and_spend_no_attempt() {
     let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(300), 200)).await;
-    let sys = System::start(|c| {
+    let sys = System::start_kafka(|c| {
         c.kafka.partitions = 4;
         c.worker.endpoint_concurrency = 2;
         c.worker.project_concurrency = 3;

@@ -150,7 +150,53 @@ fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
     ]
 }
 
+/// The inline transport hands announcements from the relay to the worker of one process:
+/// `railhook relay` and `railhook worker` alone cannot use it.
+fn needs_kafka(config: &Config, command: &str) -> anyhow::Result<()> {
+    if config.transport() == railhook_config::TransportKind::Inline {
+        let why = if config.transport == railhook_config::Transport::Inline { "transport is \"inline\"" } else { "kafka.brokers is not set, so transport \"auto\" is inline" };
+        anyhow::bail!(
+            "railhook {command} cannot run with the inline transport ({why}): inline hands announcements from the relay to the worker inside one `railhook all` process. Run `railhook all`, or set kafka.brokers (RAILHOOK_KAFKA_BROKERS) and transport = \"kafka\" to run the relay and the workers as separate processes"
+        );
+    }
+    Ok(())
+}
+
+/// How long a component started with the Kafka transport waits for a broker to answer
+/// before it stops with an error naming `kafka.brokers`.
+const KAFKA_STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// With the Kafka transport, a broker must answer at start-up (within
+/// [`KAFKA_STARTUP_WAIT`], so components started together with Kafka wait for it):
+/// otherwise a clear error naming the setting, never a silent fallback to inline. Once
+/// running, a Kafka outage only delays announcements (the relay and workers retry).
+async fn kafka_reachable(config: &Config) -> anyhow::Result<()> {
+    if config.transport() != railhook_config::TransportKind::Kafka {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    loop {
+        match railhook_kafka::check_reachable(&config.kafka, std::time::Duration::from_secs(5)).await {
+            Ok(_) => return Ok(()),
+            Err(e) if started.elapsed() >= KAFKA_STARTUP_WAIT => {
+                anyhow::bail!(
+                    "kafka.brokers = {}: no Kafka broker answered within {} s ({e}). The transport is kafka because {}. Start Kafka or fix kafka.brokers; for one process without Kafka, set transport = \"inline\" and run `railhook all`",
+                    config.kafka.brokers,
+                    KAFKA_STARTUP_WAIT.as_secs(),
+                    if config.transport == railhook_config::Transport::Kafka { "transport = \"kafka\"" } else { "kafka.brokers is set" }
+                )
+            }
+            Err(e) => {
+                tracing::warn!(brokers = %config.kafka.brokers, error = %e, "Kafka not reachable yet at kafka.brokers; waiting");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
 pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
+    needs_kafka(&config, "relay")?;
+    kafka_reachable(&config).await?;
     let config = Arc::new(config);
     let metrics = Metrics::new();
     let relay_metrics = relay_metrics(&metrics, &stages(&metrics)?)?;
@@ -168,6 +214,8 @@ pub async fn relay(config: Config) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
+    needs_kafka(&config, "worker")?;
+    kafka_reachable(&config).await?;
     let config = Arc::new(config);
     let metrics = Metrics::new();
     let worker_metrics = worker_metrics(&metrics, &stages(&metrics)?)?;
@@ -192,6 +240,17 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
 /// restarts the whole; a process that kept serving without its worker would accept Events
 /// and deliver none.
 pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
+    kafka_reachable(&config).await?;
+    // The inline transport: the relay's announcements go to this process's worker through
+    // bounded channels (railhook_kafka::inline), as many as the worker may run at once.
+    let (inline_tx, inline_rx) = match config.transport() {
+        railhook_config::TransportKind::Inline => {
+            let (tx, rx) = railhook_kafka::inline::channel(config.worker.max_in_flight);
+            (Some(tx), Some(rx))
+        }
+        railhook_config::TransportKind::Kafka => (None, None),
+    };
+    tracing::info!(transport = config.transport().as_str(), "railhook all starting");
     let metrics = Metrics::new();
     let stages = stages(&metrics)?;
     let relay_metrics = relay_metrics(&metrics, &stages)?;
@@ -206,9 +265,9 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let token = shutdown.clone();
     components.spawn(async move { ("api", railhook_api::run(state, listener, token).await.map_err(anyhow::Error::from)) });
     let (c, token) = (config.clone(), shutdown.clone());
-    components.spawn(async move { ("worker", railhook_worker::run(c, worker_metrics, token).await.map_err(anyhow::Error::from)) });
+    components.spawn(async move { ("worker", railhook_worker::run_with(c, worker_metrics, inline_rx, token).await.map_err(anyhow::Error::from)) });
     let token = shutdown.clone();
-    components.spawn(async move { ("relay", railhook_relay::run(config, relay_metrics, token).await.map_err(anyhow::Error::from)) });
+    components.spawn(async move { ("relay", railhook_relay::run_with(config, relay_metrics, inline_tx, token).await.map_err(anyhow::Error::from)) });
 
     let mut failure: Option<anyhow::Error> = None;
     while let Some(joined) = components.join_next().await {

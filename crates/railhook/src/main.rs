@@ -34,6 +34,9 @@ struct GlobalArgs {
     /// Kafka bootstrap servers; overrides kafka.brokers.
     #[arg(long, global = true, value_name = "HOST:PORT,...")]
     kafka_brokers: Option<String>,
+    /// kafka, inline or auto; overrides transport (auto: kafka when kafka.brokers is set).
+    #[arg(long, global = true, value_name = "TRANSPORT")]
+    transport: Option<String>,
     /// Log format: human or json; overrides telemetry.log_format.
     #[arg(long, global = true, value_name = "FORMAT")]
     log_format: Option<String>,
@@ -164,6 +167,9 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(brokers) = &cli.global.kafka_brokers {
         overrides.set("kafka.brokers", brokers);
+    }
+    if let Some(transport) = &cli.global.transport {
+        overrides.set("transport", transport);
     }
     if let Some(format) = &cli.global.log_format {
         overrides.set("telemetry.log_format", format);

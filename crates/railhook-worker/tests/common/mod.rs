@@ -150,11 +150,28 @@ pub struct Worker {
     pub task: tokio::task::JoinHandle<Result<(), railhook_worker::WorkerError>>,
 }
 
+/// The transport the tests run with: `RAILHOOK_TEST_TRANSPORT=inline` runs every [`System`]
+/// that does not ask for Kafka itself with the inline transport (the relay hands its
+/// announcements to the worker through `railhook_kafka::inline`'s channel); anything else,
+/// Kafka. `scripts/test` runs this crate's end-to-end tests in both.
+pub fn transport_from_env() -> railhook_config::TransportKind {
+    match std::env::var("RAILHOOK_TEST_TRANSPORT").as_deref() {
+        Ok("inline") => railhook_config::TransportKind::Inline,
+        _ => railhook_config::TransportKind::Kafka,
+    }
+}
+
 impl Worker {
+    /// A worker on Kafka (also a second one beside a [`System`]'s).
     pub fn start(config: &Arc<Config>) -> Worker {
+        Worker::start_with(config, None)
+    }
+
+    /// A worker on `inline`'s channel (the inline transport), or on Kafka.
+    pub fn start_with(config: &Arc<Config>, inline: Option<railhook_kafka::inline::InlineReceivers>) -> Worker {
         let metrics = railhook_worker::WorkerMetrics::new();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(railhook_worker::run(config.clone(), metrics.clone(), shutdown.clone()));
+        let task = tokio::spawn(railhook_worker::run_with(config.clone(), metrics.clone(), inline, shutdown.clone()));
         Worker { metrics, shutdown, task }
     }
 
@@ -171,7 +188,18 @@ impl Worker {
 }
 
 impl System {
+    /// A relay and a worker on the transport of [`transport_from_env`].
     pub async fn start(tune: impl FnOnce(&mut Config)) -> System {
+        System::start_on(transport_from_env(), tune).await
+    }
+
+    /// On Kafka whatever the environment says: for tests of what only Kafka has (a second
+    /// worker in the consumer group, a worker restarted on its own).
+    pub async fn start_kafka(tune: impl FnOnce(&mut Config)) -> System {
+        System::start_on(railhook_config::TransportKind::Kafka, tune).await
+    }
+
+    pub async fn start_on(transport: railhook_config::TransportKind, tune: impl FnOnce(&mut Config)) -> System {
         let db = TestDb::new().await;
         let mut config = test_config(&db);
         config.relay.status_interval_ms = 200;
@@ -186,12 +214,19 @@ impl System {
         let pool = railhook_store::build_pool(&config.database).unwrap();
         let metrics = railhook_relay::RelayMetrics::new(Arc::new(railhook_relay::RelayStats::default()));
         let relay_stop = CancellationToken::new();
-        let relay = tokio::spawn(railhook_relay::run(config.clone(), metrics.clone(), relay_stop.clone()));
+        let (inline_tx, inline_rx) = match transport {
+            railhook_config::TransportKind::Inline => {
+                let (tx, rx) = railhook_kafka::inline::channel(config.worker.max_in_flight);
+                (Some(tx), Some(rx))
+            }
+            railhook_config::TransportKind::Kafka => (None, None),
+        };
+        let relay = tokio::spawn(railhook_relay::run_with(config.clone(), metrics.clone(), inline_tx, relay_stop.clone()));
         eventually(Duration::from_secs(60), "the relay stream to be live", || async {
             metrics.stats.live.load(Ordering::Relaxed).then_some(())
         })
         .await;
-        let worker = Worker::start(&config);
+        let worker = Worker::start_with(&config, inline_rx);
         System { db, config, client, pool, relay: (relay_stop, relay), relay_metrics: metrics, worker }
     }
 
