@@ -129,11 +129,13 @@ fn parse_scalar(raw: &str) -> toml::Value {
 fn describe_figment_error(e: figment::Error) -> String {
     e.into_iter()
         .map(|err| {
+            // The key and what is wrong with its value; not where figment's layers came
+            // from (its `Display` names a source file of this crate).
             let path = err.path.join(".");
             if path.is_empty() {
-                err.to_string()
+                err.kind.to_string()
             } else {
-                format!("{path}: {err}")
+                format!("{path}: {}", err.kind)
             }
         })
         .collect::<Vec<_>>()
@@ -146,6 +148,23 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// The transport: `auto` by default, resolved from `kafka.brokers`; a value that is not
+    /// one of the three names the key; RAILHOOK_TRANSPORT sets it.
+    #[test]
+    fn the_transport_follows_the_brokers_unless_set() {
+        let load = |pairs: &[(&str, &str)]| Config::load_from(FileSource::Explicit("/dev/null".into()), &env(pairs), &Overrides::default());
+        let c = load(&[]).unwrap();
+        assert_eq!((c.transport, c.transport()), (crate::Transport::Auto, crate::TransportKind::Inline), "no brokers: inline");
+        let c = load(&[("RAILHOOK_KAFKA_BROKERS", "127.0.0.1:19092")]).unwrap();
+        assert_eq!(c.transport(), crate::TransportKind::Kafka, "brokers set: kafka");
+        let c = load(&[("RAILHOOK_KAFKA_BROKERS", "127.0.0.1:19092"), ("RAILHOOK_TRANSPORT", "inline")]).unwrap();
+        assert_eq!(c.transport(), crate::TransportKind::Inline, "set explicitly, inline wins over the brokers");
+        let e = load(&[("RAILHOOK_TRANSPORT", "kafak")]).unwrap_err().to_string();
+        assert!(e.contains("transport: unknown variant") && e.contains("kafak") && e.contains("inline") && !e.contains(".rs"), "{e}");
+        let e = load(&[("RAILHOOK_TRANSPORT", "kafka")]).unwrap_err().to_string();
+        assert!(e.contains("transport is kafka but kafka.brokers is empty"), "{e}");
     }
 
     #[test]
