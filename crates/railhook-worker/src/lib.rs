@@ -204,9 +204,6 @@ enum TaskEvent {
     Claimed { partition: i32, offset: i64 },
     /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
     Sent { endpoint: EndpointId },
-    /// The task's claim made these parked ordered successors due (in Sequence Number order):
-    /// claimed next, ahead of what else waits for the Endpoint.
-    Unparked { endpoint: EndpointId, deliveries: Vec<railhook_core::DeliveryId> },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
     /// `slot_freed`: `Sent` was told, so the Endpoint's slot is free already.
@@ -282,18 +279,6 @@ impl Consuming<'_> {
                     self.pump(endpoint, now);
                 }
             }
-            TaskEvent::Unparked { endpoint, deliveries } => {
-                let now = tokio::time::Instant::now();
-                let queued = deliveries.into_iter().map(|delivery| queues::Queued {
-                    hint: consumer::Hint { delivery, claim_token: None, announced_at: None, position: None },
-                    place: None,
-                    received: None,
-                });
-                for start in self.queues.offer_front_many(endpoint, queued.collect(), self.permits.available_permits(), now) {
-                    self.start(start);
-                }
-                self.runner.metrics.queue_waiting.set(self.queues.waiting() as i64);
-            }
             TaskEvent::Finished { endpoint, place, busy, released, slot_freed } => {
                 if let (None, Some((partition, offset))) = (&busy, place) {
                     self.offsets.done(partition, offset);
@@ -363,8 +348,7 @@ async fn consume(
     // closed (the process is stopping).
     let (mut seq, mut inline_open) = (0i64, inline.is_some());
     let max = config.worker.max_in_flight;
-    // Each task sends at most four events (three without waiting: dropped when the channel is
-    // full, each has a fallback) and waits (holding its
+    // Each task sends at most three events (two without waiting) and waits (holding its
     // permit) only to send the last while the channel is full; the loop never waits on a
     // task, so this bound cannot deadlock.
     let (events_tx, mut events_rx) = tokio::sync::mpsc::channel::<TaskEvent>(3 * max);
@@ -451,14 +435,8 @@ async fn attempt_task(
     // Should this task panic, its permit, gauge and Endpoint slot are given back on the way out.
     let mut unfinished = Unfinished { endpoint, place: queued.place, slot_freed: &slot_freed, events: events.clone(), permit: Some(permit), metrics: runner.metrics.clone() };
     let claimed_events = events.clone();
-    let notify = |unparked: &[railhook_core::DeliveryId]| {
+    let notify = || {
         past_claim.enter();
-        // Parked successors the claim made due: to this Endpoint's queue front at once, so
-        // they are claimed behind this one (dropped if the channel is full: they are due,
-        // the scheduler announces them).
-        if !unparked.is_empty() {
-            let _ = claimed_events.try_send(TaskEvent::Unparked { endpoint, deliveries: unparked.to_vec() });
-        }
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
         if let Some((partition, offset)) = queued.place {
@@ -540,7 +518,7 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
         TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: Some((partition, offset)), busy: None, .. } => offsets.done(partition, offset),
         // A hint given back while stopping stays unclaimed: its offset is not stored. A
         // released successor not claimed now is due: the scheduler announces it.
-        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } | TaskEvent::Unparked { .. } => {}
+        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } => {}
     };
     while !tasks.is_empty() {
         tokio::select! {

@@ -30,9 +30,6 @@ pub struct WorkerMetrics {
     /// Ordered Deliveries claimed behind a predecessor this worker held, and sent on its
     /// verdict without a round trip through Postgres (the Ordering Buffer, crate::ordering).
     pub ordering_held: IntCounter,
-    /// Parked ordered Deliveries a claim made due and handed to this worker (the run behind
-    /// a parked Delivery claimed at last).
-    pub ordering_unparked: IntCounter,
     /// From a Delivery's first park to its claim, seconds.
     pub ordering_parked_seconds: Histogram,
     /// Deliveries parked in the Ordering Buffer now (sampled with the queue gauges).
@@ -91,7 +88,6 @@ impl WorkerMetrics {
             ordering_cursor_advances: counter("railhook_ordering_cursor_advances_total", "Ordered Deliveries that ended (delivered or Failed Messages), advancing their Endpoint's cursor."),
             ordering_released: counter("railhook_ordering_released_total", "Parked Deliveries released at once by the finalise of their predecessor."),
             ordering_held: counter("railhook_ordering_held_total", "Ordered Deliveries claimed behind a predecessor the worker held, and sent on its verdict."),
-            ordering_unparked: counter("railhook_ordering_unparked_total", "Parked ordered Deliveries made due by the claim of the parked Delivery before them, and claimed behind it."),
             ordering_parked_seconds: Histogram::with_opts(
                 HistogramOpts::new("railhook_ordering_parked_seconds", "From an ordered Delivery's first park to its claim.")
                     .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
@@ -137,7 +133,6 @@ impl WorkerMetrics {
         registry.register(Box::new(self.ordering_cursor_advances.clone()))?;
         registry.register(Box::new(self.ordering_released.clone()))?;
         registry.register(Box::new(self.ordering_held.clone()))?;
-        registry.register(Box::new(self.ordering_unparked.clone()))?;
         registry.register(Box::new(self.ordering_parked_seconds.clone()))?;
         registry.register(Box::new(self.ordering_parked.clone()))?;
         registry.register(Box::new(self.queue_waiting.clone()))?;

@@ -25,7 +25,7 @@
 //! Bounded: at most `worker.max_in_flight` Claims are held; resolutions are kept until their
 //! successor read them or for [`KEEP`], whichever comes first.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -45,9 +45,15 @@ pub enum Resolution {
 /// How long a resolution waits for its successor to read it.
 pub const KEEP: Duration = Duration::from_secs(60);
 
+/// How long a Claim stays held without its task letting it go: a Claim whose answer never
+/// reached a task (the task was aborted while the claim batch ran) is forgotten after this,
+/// well past the stuck sweep's `worker.processing_timeout_seconds` (5 min by default), which
+/// has taken the Delivery back by then.
+pub const HELD_MAX: Duration = Duration::from_secs(15 * 60);
+
 #[derive(Default)]
 struct State {
-    held: HashSet<ClaimToken>,
+    held: HashMap<ClaimToken, Instant>,
     /// Per Endpoint: Sequence Number -> resolution and when it was published.
     resolutions: HashMap<EndpointId, BTreeMap<i64, (Resolution, Instant)>>,
     /// Per Endpoint, what a waiting successor is woken by.
@@ -67,12 +73,16 @@ impl OrderingBuffer {
 
     /// A Claim of an ordered Delivery this worker now holds (until [`Held`] is dropped).
     pub fn hold(&self, token: ClaimToken) {
-        self.state().held.insert(token);
+        self.state().held.insert(token, Instant::now());
     }
 
-    /// The held Claims, for a claim batch (`p_mine`).
+    /// The held Claims, for a claim batch (`p_mine`); forgets those held longer than
+    /// [`HELD_MAX`].
     pub fn held(&self) -> Vec<ClaimToken> {
-        self.state().held.iter().copied().collect()
+        let mut state = self.state();
+        let now = Instant::now();
+        state.held.retain(|_, since| now.duration_since(*since) <= HELD_MAX);
+        state.held.keys().copied().collect()
     }
 
     /// Guards a held Claim: publishes `Stop` for its Sequence Number if nothing was published

@@ -273,27 +273,6 @@ impl EndpointQueues {
         None
     }
 
-    /// Several hints of one Endpoint that go before everything waiting for it, in the order
-    /// given (the parked run a claim made due, `TaskEvent::Unparked`): as many as may run
-    /// now (within `budget` free permits) start, in order; the rest wait at the front.
-    pub fn offer_front_many(&mut self, endpoint: EndpointId, queued: Vec<Queued>, budget: usize, now: Instant) -> Vec<Start> {
-        let limits = self.limits;
-        let e = self.endpoints.entry(endpoint).or_default();
-        let mut starts = Vec::new();
-        let mut rest = queued.into_iter().peekable();
-        while e.waiting.is_empty() && starts.len() < budget && Self::may_run(&limits, e, now) {
-            let Some(q) = rest.next() else { break };
-            e.running += 1;
-            starts.push(Start { endpoint, queued: q, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
-        }
-        let rest: Vec<Queued> = rest.collect();
-        self.waiting += rest.len();
-        for q in rest.into_iter().rev() {
-            e.waiting.push_front((q, now));
-        }
-        starts
-    }
-
     /// [`EndpointQueues::offer`], but a hint that has to wait goes to the front of its
     /// Endpoint's queue: the ordered successor a finalise released, which everything queued
     /// behind it for that Endpoint waits for (at the back it would wait behind them, and the

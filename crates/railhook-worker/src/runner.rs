@@ -305,32 +305,24 @@ impl Runner {
     /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
     /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
     /// [`Runner::attempt`]).
-    ///
-    /// `claimed_tx` gets the parked ordered successors the claim made due
-    /// (`Claimed::unparked`), which the consume loop queues first.
-    pub async fn run(
-        &self,
-        hint: Hint,
-        received: Option<Instant>,
-        mode: ClaimMode,
-        claimed_tx: impl FnOnce(&[railhook_core::DeliveryId]),
-        sent_tx: impl FnOnce(),
-        hard_stop: CancellationToken,
-    ) -> Result<Outcome, WorkerError> {
+    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let claimed = self.claim(hint, mode, &hard_stop).await;
         let claim_done = Instant::now();
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
             return Ok(Ran::Busy(busy_on(*reason)).into());
         }
+        // The Ordering Buffer (crate::ordering): an ordered Claim is held until this task ends,
+        // guarded from the moment its answer is here, so that a task that panics or is cut
+        // short from now on (even in `claimed_tx`) still lets the Claim go and stops what is
+        // held behind it, instead of leaving it in every later claim batch's `p_mine`.
+        let held = match &claimed {
+            Ok(Some(ClaimResult::Claimed(c))) => c.sequence_number.map(|seq| self.ordering.guard(c.endpoint_id, seq, c.token)),
+            _ => None,
+        };
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
-        let unparked = match &claimed {
-            Ok(Some(ClaimResult::Claimed(c))) => c.unparked.as_slice(),
-            _ => &[],
-        };
-        self.metrics.ordering_unparked.inc_by(unparked.len() as u64);
-        claimed_tx(unparked);
+        claimed_tx();
         let claimed = match claimed? {
             Some(ClaimResult::Claimed(c)) => *c,
             None => return Ok(Ran::NothingClaimed.into()),
@@ -349,9 +341,7 @@ impl Runner {
         if let Some(received) = received {
             self.metrics.stages.observe(Stage::PollToClaim, claim_done - received);
         }
-        // The Ordering Buffer (crate::ordering): an ordered Claim is held until this task ends;
-        // one claimed behind its predecessor waits for that one's verdict before it is sent.
-        let held = claimed.sequence_number.map(|seq| self.ordering.guard(claimed.endpoint_id, seq, claimed.token));
+        // One claimed behind its predecessor waits for that one's verdict before it is sent.
         if let (true, Some(seq)) = (claimed.behind, claimed.sequence_number) {
             let resolution = tokio::select! {
                 r = self.ordering.wait(claimed.endpoint_id, seq - 1, self.settings.ordering_wait) => r,

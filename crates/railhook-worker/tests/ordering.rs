@@ -34,14 +34,12 @@ async fn a_burst_arrives_in_order_through_failures() {
     let sys = System::start(|c| c.worker.ordering_gap_timeout_seconds = 120).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/ordered")], &ordered(&[1], 5)).await;
     let mut deliveries = Vec::new();
-    let started = std::time::Instant::now();
     for _ in 0..500 {
         deliveries.extend(fixture.ingest(&sys.pool, "order.updated").await);
     }
     for d in &deliveries {
         sys.wait_status(d, "SUCCESS", Duration::from_secs(180)).await;
     }
-    let took = started.elapsed();
     let hits = receiver.hits("/ordered");
     let failed: HashSet<usize> = (0..hits.len()).filter(|n| n % 7 == 6).collect();
     let order = applied(&receiver, "/ordered", &failed);
@@ -49,14 +47,12 @@ async fn a_burst_arrives_in_order_through_failures() {
     let m = &sys.worker.metrics;
     assert_eq!(m.ordering_gap_timeouts.get(), 0);
     assert!(m.ordering_released.get() > 0, "successors were released by their predecessors' finalise");
-    // Every parked Delivery was released by its predecessor's finalise or made due by the
-    // claim of the parked one before it, none at its 120 s park deadline (a release that
-    // missed its park: the claim read the predecessor in flight while the finalise did not
-    // yet see the park).
+    // Every parked Delivery was released by its predecessor's finalise, none at its 120 s park
+    // deadline (a release that missed its park: the claim read the predecessor in flight
+    // while the finalise did not yet see the park).
     let parked: i64 = sys.client.query_one("SELECT count(*) FROM deliveries WHERE parked_at IS NOT NULL", &[]).await.unwrap().get(0);
     assert!(parked > 0);
-    assert!(m.ordering_released.get() + m.ordering_unparked.get() >= parked as u64, "parked {parked}, released {}, unparked {}", m.ordering_released.get(), m.ordering_unparked.get());
-    assert!(took < Duration::from_secs(110), "a parked Delivery waited for its 120 s deadline: the burst took {took:?}");
+    assert_eq!(m.ordering_released.get(), parked as u64, "a parked Delivery was not released by its predecessor");
     eprintln!(
         "ordered burst: 500 events, {} requests ({} failed once), {} released at once, {} parked",
         hits.len(),

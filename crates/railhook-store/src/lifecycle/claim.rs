@@ -39,9 +39,6 @@ pub struct Claimed {
     /// worker's Ordering Buffer sends it only once the predecessor's Attempt ended in a
     /// final verdict, and otherwise parks it ([`park_held`]).
     pub behind: bool,
-    /// Parked successors this claim made due (it claimed a parked Delivery), in Sequence
-    /// Number order: the worker claims each behind the one before.
-    pub unparked: Vec<DeliveryId>,
 }
 
 /// The Attempt's details, read once the claim succeeded (by id and the new token).
@@ -201,13 +198,6 @@ pub async fn claim_batch_finishing<C: Prepared>(
     for row in outcomes {
         let (idx, outcome): (i32, String) = (row.try_get(0)?, row.try_get(1)?);
         let Some(i) = usize::try_from(idx).ok().and_then(|i| i.checked_sub(1)).filter(|i| *i < requests.len()) else { continue };
-        // A row after a claim: a parked successor it made due (see `Claimed::unparked`).
-        if let Some(id) = outcome.strip_prefix("unparked:") {
-            if let (ClaimResult::Claimed(c), Ok(id)) = (&mut results[i], id.parse::<uuid::Uuid>()) {
-                c.unparked.push(DeliveryId(id));
-            }
-            continue;
-        }
         results[i] = match outcome.as_str() {
             "none" => ClaimResult::Nothing,
             "missing" => ClaimResult::Missing,
@@ -264,7 +254,6 @@ fn claimed_row(r: &tokio_postgres::Row) -> Result<Claimed, tokio_postgres::Error
         parked_at: r.try_get(18)?,
         gap_timeout: false,
         behind: false,
-        unparked: Vec::new(),
     })
 }
 

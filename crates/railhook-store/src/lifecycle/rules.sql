@@ -109,7 +109,6 @@ DECLARE
     pr_counts integer[] := '{}';
     ep_j integer;
     pr_j integer;
-    rel uuid;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -210,13 +209,12 @@ BEGIN
             ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
                 reason := 'ordering';
                 defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
-            ELSIF FOUND AND pred_status = 'PENDING' AND pred_token IS NULL
+            ELSIF FOUND AND pred_status = 'PENDING' AND pred_parked IS NULL AND pred_token IS NULL
                   AND (pred_next IS NULL OR pred_next <= now()) AND coalesce(p_wait[i], false) THEN
-                -- The predecessor is due and unclaimed (never parked, or parked and released):
-                -- its own hint is about to claim it (the claims of one Endpoint's hints can
-                -- reach Postgres out of their order). In the waiting mode, wait for it in the
-                -- worker ('busy:ordering') rather than park: once it is claimed, this one goes
-                -- behind it.
+                -- The predecessor is due and unclaimed: its own hint is about to claim it (the
+                -- claims of one Endpoint's hints can reach Postgres out of their order). In the
+                -- waiting mode, wait for it in the worker ('busy:ordering') rather than park:
+                -- once it is claimed, this one goes behind it.
                 reason := 'ordering';
                 ordering_busy := true;
             ELSIF FOUND AND pred_status = 'PENDING' THEN
@@ -340,26 +338,6 @@ BEGIN
             PERFORM railhook_circuit_take_probe(d.endpoint_id, p_tokens[i]);
         END IF;
         idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' WHEN behind THEN 'claimed:behind' ELSE 'claimed' END; RETURN NEXT;
-
-        -- A parked Delivery claimed at last (released by its predecessor's finalise, or due):
-        -- the parked run behind it becomes due now and goes to this worker ('unparked:<id>'
-        -- rows after its claim, in Sequence Number order), which claims each behind the one
-        -- before it, instead of one finalise releasing one successor at a time. Only for
-        -- callers that read those rows (they pass p_announced).
-        IF d.sequence_number IS NOT NULL AND d.parked_at IS NOT NULL AND p_announced IS NOT NULL THEN
-            FOR rel IN
-                WITH run AS (
-                    UPDATE deliveries s SET next_retry_at = now(), updated_at = now()
-                    WHERE s.endpoint_id = d.endpoint_id
-                      AND s.sequence_number > d.sequence_number AND s.sequence_number <= d.sequence_number + 64
-                      AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
-                    RETURNING s.id, s.sequence_number
-                )
-                SELECT run.id FROM run ORDER BY run.sequence_number
-            LOOP
-                idx := i; outcome := 'unparked:' || rel; RETURN NEXT;
-            END LOOP;
-        END IF;
     END LOOP;
 END
 $$;
