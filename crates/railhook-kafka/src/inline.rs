@@ -112,7 +112,8 @@ mod tests {
         let (tx, mut rx) = channel(1);
         let d = announcement(Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() });
         tx.send(&d, &Stamp::default()).await.unwrap();
-        let second = tx.send(&d, &Stamp::default());
+        let stamp = Stamp::default();
+        let second = tx.send(&d, &stamp);
         tokio::pin!(second);
         assert!(futures::poll!(&mut second).is_pending(), "waits while the channel is full");
         rx.deliveries.recv().await.unwrap();
