@@ -459,7 +459,7 @@ mod tests {
     }
 
     fn fault(kind: FaultKind, from: i64, to: i64, detail: serde_json::Value) -> FaultRecord {
-        FaultRecord { kind, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, detail }
+        FaultRecord { kind, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, kills_a_worker: kind.kills_a_worker(crate::options::TransportKind::Kafka), detail }
     }
 
     fn arrival(delivery: Uuid, at: i64, answered_ms: i64, status: u16, skew_s: i64) -> Arrival {

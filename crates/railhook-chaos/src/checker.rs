@@ -569,7 +569,7 @@ mod tests {
         // Worker killed: the receiver answered, then the worker died before the record; the
         // sweep handed the Delivery out again 20 s later.
         inputs.arrivals.push(arrival(deliveries[1], -20_000, 200));
-        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(-19_990), ended_at: t(-19_990), at_accepted: 1, detail: serde_json::Value::Null });
+        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(-19_990), ended_at: t(-19_990), at_accepted: 1, kills_a_worker: true, detail: serde_json::Value::Null });
         let v = check(&inputs);
         assert!(v.passed, "{:?}", v.failures);
         assert_eq!(v.duplicates.total, 2);
@@ -587,7 +587,7 @@ mod tests {
     fn a_claim_forgotten_by_a_crash_is_window_8_but_two_numbered_successes_are_not() {
         // Attempt 1 succeeded at 1 s, but Postgres crashed at 1.2 s and forgot its claim: the
         // Delivery went again, and its Attempt 1 (the same number) succeeded at 8 s.
-        let crash = |from: i64, to: i64| FaultRecord { kind: FaultKind::PostgresCrash, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, detail: serde_json::Value::Null };
+        let crash = |from: i64, to: i64| FaultRecord { kind: FaultKind::PostgresCrash, link: None, started_at: t(from), ended_at: t(to), at_accepted: 1, kills_a_worker: false, detail: serde_json::Value::Null };
         let (mut inputs, deliveries) = base();
         inputs.attempts.push(attempt(deliveries[0], 1, 8000, 20, "success"));
         inputs.arrivals.push(arrival(deliveries[0], 8010, 200));
@@ -740,7 +740,7 @@ mod tests {
         let (mut inputs, _) = ordered(5);
         // Before any was created; while #3..#5 were not applied (#2 applied at 10.11 s); after.
         for at in [5_000, 10_150, 20_000] {
-            inputs.faults.push(FaultRecord { kind: FaultKind::KafkaRestart, link: None, started_at: t(at), ended_at: t(at + 100), at_accepted: 1, detail: serde_json::Value::Null });
+            inputs.faults.push(FaultRecord { kind: FaultKind::KafkaRestart, link: None, started_at: t(at), ended_at: t(at + 100), at_accepted: 1, kills_a_worker: false, detail: serde_json::Value::Null });
         }
         let v = check(&inputs);
         assert!(v.passed, "{:?}", v.failures);

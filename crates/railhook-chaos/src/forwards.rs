@@ -446,7 +446,7 @@ mod tests {
         inputs.arrivals.push(arrival(&f, 5_000, 200, 1));
         let v = check(&inputs);
         assert_eq!((v.duplicates.total, v.duplicates.unexplained), (1, 1), "{v:?}");
-        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(6_000), ended_at: t(6_000), at_accepted: 1, detail: serde_json::Value::Null });
+        inputs.faults.push(FaultRecord { kind: FaultKind::KillWorker, link: None, started_at: t(6_000), ended_at: t(6_000), at_accepted: 1, kills_a_worker: true, detail: serde_json::Value::Null });
         let v = check(&inputs);
         assert_eq!((v.duplicates.window_8_worker_killed, v.duplicates.unexplained), (1, 0), "{v:?}");
         // Created before the kill and not answered 2xx by then: the second Forward only.

@@ -23,6 +23,7 @@ use crate::{client, incoming, wait_for};
 /// The value of `RAILHOOK_FAILPOINT_TASK_PANIC` for `task_panic`: the probability that an
 /// attempt task panics.
 pub const TASK_PANIC_PROBABILITY: &str = "0.05";
+const TASK_PANIC_FAILPOINT: &str = "RAILHOOK_FAILPOINT_TASK_PANIC";
 /// The relay's one log line when it recovered from a lost slot (its beginning; the text of
 /// `railhook_relay::stream::SLOT_LOST`).
 pub const SLOT_LOST_LINE: &str = "the replication slot was lost and has been recreated";
@@ -53,7 +54,8 @@ pub struct IncomingBursts {
 pub struct Targets<'a> {
     pub stack: &'a mut Stack,
     pub pg: &'a mut PgCluster,
-    pub kafka: &'a mut KafkaBroker,
+    /// None on the inline transport (no broker).
+    pub kafka: Option<&'a mut KafkaBroker>,
     pub proxy: Option<&'a Toxiproxy>,
     pub receiver: Arc<tokio::sync::Mutex<Receiver>>,
     /// The superuser's URL of the private cluster's `postgres` database (not proxied).
@@ -109,7 +111,7 @@ pub async fn inject(plan: &[PlannedFault], opts: &Options, t: &mut Targets<'_>, 
                 (started_at, json!({"error": format!("{e:#}")}))
             }
         };
-        records.push(FaultRecord { kind: fault.kind, link: fault.link, started_at, ended_at: Utc::now(), at_accepted, detail });
+        records.push(FaultRecord { kind: fault.kind, link: fault.link, started_at, ended_at: Utc::now(), at_accepted, kills_a_worker: fault.kind.kills_a_worker(opts.transport), detail });
     }
     for task in burst_tasks {
         let _ = task.await;
@@ -146,13 +148,25 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
     Ok(match fault.kind {
         FaultKind::KillApi => (Some(t.stack.apis[0].kill().await), none),
         FaultKind::KillWorker => (Some(t.stack.workers[0].kill().await), none),
+        FaultKind::KillAll => {
+            // With two, the standby: the streaming one's kill is `relay_standby_takeover`.
+            let i = match t.stack.alls.len() {
+                0 => anyhow::bail!("kill_all needs the inline transport's `railhook all` processes"),
+                1 => 0,
+                _ => t.stack.active_relay(&t.http).await.map_or(0, |streaming| (streaming + 1) % t.stack.alls.len()),
+            };
+            let killed_at = t.stack.alls[i].kill().await;
+            let streaming = streaming_relay(t, Duration::from_secs(90)).await;
+            let back_ms = streaming.map(|_| (Utc::now() - killed_at).num_milliseconds());
+            (Some(killed_at), json!({"killed": t.stack.alls[i].name, "streaming_again_ms": back_ms}))
+        }
         FaultKind::KillRelay => {
             let i = t.stack.active_relay(&t.http).await.unwrap_or(0);
             (Some(t.stack.relays[i].kill().await), json!({"killed": t.stack.relays[i].name}))
         }
         FaultKind::RelayStandbyTakeover => return takeover(t).await,
         FaultKind::KafkaRestart => {
-            t.kafka.restart().await;
+            t.kafka.as_mut().ok_or_else(|| anyhow::anyhow!("no Kafka broker on the inline transport"))?.restart().await;
             (None, none)
         }
         FaultKind::PostgresRestart => {
@@ -198,28 +212,67 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
         }
         FaultKind::ClockSkew => return clock_skew(opts, t).await,
         FaultKind::TaskPanic => {
-            let w = if t.stack.workers.len() > 1 { 1 } else { 0 };
-            let worker = &t.stack.workers[w];
-            let from = worker.log_len();
-            worker.respawn_with(vec![("RAILHOOK_FAILPOINT_TASK_PANIC".into(), TASK_PANIC_PROBABILITY.into())]).await;
-            // Ready again (its consumer in the group) before its burst is sent.
-            let ready = format!("http://127.0.0.1:{}/readyz", t.stack.ports.worker_ops[w]);
-            let http = t.http.clone();
-            let _ = wait_for(Duration::from_secs(60), "the panicking worker's /readyz", || {
-                let (http, ready) = (http.clone(), ready.clone());
-                async move { matches!(http.get(&ready).send().await, Ok(r) if r.status().is_success()) }
-            })
-            .await;
-            let worker = &t.stack.workers[w];
-            (None, json!({"worker": worker.name, "failpoint": format!("RAILHOOK_FAILPOINT_TASK_PANIC={TASK_PANIC_PROBABILITY}"), "log_from": from}))
+            // Kafka: the second worker (the first is the kills'). Inline: every `all` process,
+            // since only the one streaming from the slot gets tasks, and restarting one hands
+            // the slot to the other.
+            let chosen: Vec<usize> = if opts.inline() { (0..t.stack.workers.len()).collect() } else { vec![if t.stack.workers.len() > 1 { 1 } else { 0 }] };
+            let mut workers = Vec::new();
+            for w in chosen {
+                let worker = &t.stack.workers[w];
+                workers.push(json!([worker.name, worker.log_len()]));
+                worker.respawn_with(vec![(TASK_PANIC_FAILPOINT.into(), TASK_PANIC_PROBABILITY.into())]).await;
+                // Ready again (its consumer in the group) before its burst is sent.
+                ready(t, w, "the panicking worker's /readyz").await;
+            }
+            if opts.inline() {
+                let _ = streaming_relay(t, Duration::from_secs(90)).await;
+            }
+            (None, json!({"workers": workers, "failpoint": format!("{TASK_PANIC_FAILPOINT}={TASK_PANIC_PROBABILITY}")}))
         }
     })
+}
+
+/// Worker `w`'s `/readyz` answers (within a minute; the fault goes on regardless).
+async fn ready(t: &Targets<'_>, w: usize, what: &str) {
+    let ready = format!("http://127.0.0.1:{}/readyz", t.stack.ports.worker_ops[w]);
+    let http = t.http.clone();
+    let _ = wait_for(Duration::from_secs(60), what, || {
+        let (http, ready) = (http.clone(), ready.clone());
+        async move { matches!(http.get(&ready).send().await, Ok(r) if r.status().is_success()) }
+    })
+    .await;
+}
+
+/// Inline: every `railhook all` process restarted with its clock [`crate::stack::CLOCK_AHEAD_MS`]
+/// ahead, so that whichever streams from the slot sends (and times the retries of) every
+/// Delivery for `opts.clock_skew`; then restarted with the clock right. There is no process
+/// that could join beside them and take the work (the slot's one stream decides who gets the
+/// announcements), so the skewed process is the run's own.
+async fn clock_skew_inline(opts: &Options, t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono::DateTime<Utc>>, serde_json::Value)> {
+    let clock = ("RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS".to_string(), crate::stack::CLOCK_AHEAD_MS.to_string());
+    let started = Utc::now();
+    for w in 0..t.stack.alls.len() {
+        t.stack.alls[w].respawn_with(vec![clock.clone()]).await;
+        ready(t, w, "the skewed all process's /readyz").await;
+    }
+    let streaming = streaming_relay(t, Duration::from_secs(90)).await;
+    let alone = Utc::now();
+    tokio::time::sleep(opts.clock_skew).await;
+    for w in 0..t.stack.alls.len() {
+        t.stack.alls[w].respawn_without(&[clock.0.as_str()]).await;
+        ready(t, w, "the all process's /readyz").await;
+    }
+    let _ = streaming_relay(t, Duration::from_secs(90)).await;
+    Ok((Some(started), json!({"clock_ahead_ms": crate::stack::CLOCK_AHEAD_MS, "alone_s": (Utc::now() - alone).num_seconds(), "streaming": streaming.map(|i| t.stack.alls[i].name)})))
 }
 
 /// A worker whose clock runs 30 s ahead (`RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS`) joins; once it is ready, the other workers stop
 /// (SIGTERM) so that it takes every partition and sends (and times the retries of) all the
 /// Deliveries for `opts.clock_skew`; then they start again and it stops.
 async fn clock_skew(opts: &Options, t: &mut Targets<'_>) -> anyhow::Result<(Option<chrono::DateTime<Utc>>, serde_json::Value)> {
+    if opts.inline() {
+        return clock_skew_inline(opts, t).await;
+    }
     t.stack.start_skewed();
     let ready = format!("http://127.0.0.1:{}/readyz", t.stack.ports.skewed_ops);
     let http = t.http.clone();

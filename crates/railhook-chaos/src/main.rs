@@ -17,7 +17,12 @@ use clap::Parser;
 /// net_blackhole (20 s), net_reset (each on every component's link to Postgres and to Kafka),
 /// slot_invalidation, disk_full (root: Postgres' data on a tmpfs), relay_standby_takeover,
 /// clock_skew (a worker whose clock is 30 s ahead), task_panic (a worker whose attempt tasks
-/// panic). Needs toxiproxy-server: scripts/test and scripts/chaos install it.
+/// panic), kill_all (inline: SIGKILL of a `railhook all` process). Needs toxiproxy-server:
+/// scripts/test and scripts/chaos install it.
+///
+/// With --transport inline the processes are `railhook all` (one; two in the full run, the
+/// second the hot standby of the first's relay) with no Kafka at all; the faults that need
+/// Kafka or separate components are listed in the report as not injected, with the reason.
 #[derive(Debug, Parser)]
 #[command(name = "railhook-chaos")]
 struct Cli {
@@ -79,6 +84,14 @@ struct Cli {
     /// --quick).
     #[arg(long)]
     relays: Option<usize>,
+    /// How announcements go from the relay to the workers: kafka (separate api, relay and
+    /// worker processes, a private broker) or inline (`railhook all` processes, no Kafka).
+    #[arg(long, value_name = "kafka|inline", default_value = "kafka")]
+    transport: String,
+    /// `railhook all` processes on --transport inline, 1 or 2 (default 2, the second the hot
+    /// standby of the first's relay; 1 with --quick).
+    #[arg(long)]
+    alls: Option<usize>,
     /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
@@ -132,6 +145,16 @@ fn main() -> ExitCode {
     }
     if let Some(n) = cli.relays {
         opts.relays = n;
+    }
+    match railhook_chaos::options::parse_transport(&cli.transport) {
+        Some(t) => opts.transport = t,
+        None => {
+            eprintln!("railhook-chaos: unknown transport {:?}; kafka or inline", cli.transport);
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(n) = cli.alls {
+        opts.alls = n;
     }
     if let Some(names) = cli.faults {
         let mut kinds = Vec::new();

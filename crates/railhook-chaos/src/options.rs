@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::Rng;
+pub use railhook_config::TransportKind;
 
 use crate::plan::FaultKind;
 use crate::receiver::Profile;
@@ -93,6 +94,14 @@ pub struct Options {
     /// `railhook relay` processes on the one slot (quick 1, full 2: one streams, the other
     /// waits as its hot standby).
     pub relays: usize,
+    /// How announcements go from the relay to the workers: `kafka` (the processes above and a
+    /// private broker) or `inline` (`railhook all` processes, [`Options::alls`] of them, and
+    /// no Kafka at all).
+    pub transport: TransportKind,
+    /// `railhook all` processes on the inline transport (quick 1, full 2: one streams from
+    /// the slot and its worker gets the announcements, the other's relay is its hot standby).
+    /// Unused on Kafka.
+    pub alls: usize,
 }
 
 impl Options {
@@ -125,6 +134,8 @@ impl Options {
             workers: 1,
             apis: 1,
             relays: 1,
+            transport: TransportKind::Kafka,
+            alls: 1,
         }
     }
 
@@ -157,7 +168,25 @@ impl Options {
             workers: 2,
             apis: 2,
             relays: 2,
+            transport: TransportKind::Kafka,
+            alls: 2,
         }
+    }
+}
+
+impl Options {
+    /// Whether the run is on the inline transport (`railhook all` processes, no Kafka).
+    pub fn inline(&self) -> bool {
+        self.transport == TransportKind::Inline
+    }
+}
+
+/// Parses `--transport`: `kafka` or `inline`.
+pub fn parse_transport(name: &str) -> Option<TransportKind> {
+    match name.trim() {
+        "kafka" => Some(TransportKind::Kafka),
+        "inline" => Some(TransportKind::Inline),
+        _ => None,
     }
 }
 

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use crate::options::Options;
+use crate::options::{Options, TransportKind};
 
 /// Every kind of fault. The names are the report's (`chaos/results/*.json`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -20,6 +20,11 @@ pub enum FaultKind {
     KillRelay,
     /// SIGKILL of the first worker.
     KillWorker,
+    /// The inline transport's kill: SIGKILL of a `railhook all` process (its API, relay and
+    /// worker at once). With one, that one (it streams from the slot); with two, the hot
+    /// standby (its API takes half the client's requests, its worker retries and sweeps):
+    /// killing the streaming one is `relay_standby_takeover`.
+    KillAll,
     /// SIGTERM of the broker (SIGKILL after a bounded wait), started again on its data.
     KafkaRestart,
     /// `pg_ctl -m fast stop`, then start: a clean restart, the WAL flushed.
@@ -52,10 +57,11 @@ pub enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in the report's order.
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::KillApi,
         FaultKind::KillRelay,
         FaultKind::KillWorker,
+        FaultKind::KillAll,
         FaultKind::KafkaRestart,
         FaultKind::PostgresRestart,
         FaultKind::PostgresCrash,
@@ -76,6 +82,7 @@ impl FaultKind {
             FaultKind::KillApi => "kill_api",
             FaultKind::KillRelay => "kill_relay",
             FaultKind::KillWorker => "kill_worker",
+            FaultKind::KillAll => "kill_all",
             FaultKind::KafkaRestart => "kafka_restart",
             FaultKind::PostgresRestart => "postgres_restart",
             FaultKind::PostgresCrash => "postgres_crash",
@@ -105,9 +112,34 @@ impl FaultKind {
         }
     }
 
-    /// Whether the kind ends a worker's process (its Attempts in flight are never recorded).
-    pub fn kills_a_worker(self) -> bool {
-        matches!(self, FaultKind::KillWorker)
+    /// Whether the kind ends a worker's process (its Attempts in flight are never recorded):
+    /// on inline the relay's kill is its whole `railhook all` process, worker included.
+    pub fn kills_a_worker(self, transport: TransportKind) -> bool {
+        match self {
+            FaultKind::KillWorker | FaultKind::KillAll => true,
+            FaultKind::RelayStandbyTakeover | FaultKind::KillRelay => transport == TransportKind::Inline,
+            _ => false,
+        }
+    }
+
+    /// Why the kind (on `link`) cannot be injected on `transport`, if it cannot.
+    pub fn not_applicable(self, link: Option<Link>, transport: TransportKind) -> Option<&'static str> {
+        match transport {
+            TransportKind::Inline => match self {
+                FaultKind::KafkaRestart => Some("no Kafka on the inline transport: the relay hands announcements to the worker of its own process"),
+                FaultKind::KillApi | FaultKind::KillRelay | FaultKind::KillWorker => {
+                    Some("on the inline transport the api, the relay and the worker are one `railhook all` process: its SIGKILL is kill_all (and relay_standby_takeover with two)")
+                }
+                _ if link.is_some_and(|l| l.service == Service::Kafka) => Some("no Kafka link on the inline transport"),
+                _ if link.is_some_and(|l| l.component != Component::All) => Some("the inline transport's one link to Postgres is the `railhook all` processes'"),
+                _ => None,
+            },
+            TransportKind::Kafka => match self {
+                FaultKind::KillAll => Some("kill_all is the inline transport's (a `railhook all` process); on Kafka the components are killed one by one"),
+                _ if link.is_some_and(|l| l.component == Component::All) => Some("no `railhook all` process on the Kafka transport"),
+                _ => None,
+            },
+        }
     }
 }
 
@@ -118,6 +150,8 @@ pub enum Component {
     Api,
     Relay,
     Worker,
+    /// `railhook all` (the inline transport): the three in one process.
+    All,
 }
 
 /// What a component talks to.
@@ -145,12 +179,25 @@ impl Link {
         Link { component: Component::Worker, service: Service::Kafka },
     ];
 
+    /// The inline transport's only link: the `railhook all` processes to Postgres.
+    pub const ALL_POSTGRES: Link = Link { component: Component::All, service: Service::Postgres };
+
+    /// The links of a run on `transport`: every one of [`Link::ALL`] on Kafka, the `all`
+    /// processes' to Postgres on inline.
+    pub fn of(transport: TransportKind) -> Vec<Link> {
+        match transport {
+            TransportKind::Kafka => Link::ALL.to_vec(),
+            TransportKind::Inline => vec![Link::ALL_POSTGRES],
+        }
+    }
+
     /// `worker-postgres`: the proxy's name.
     pub fn name(self) -> String {
         let c = match self.component {
             Component::Api => "api",
             Component::Relay => "relay",
             Component::Worker => "worker",
+            Component::All => "all",
         };
         let s = match self.service {
             Service::Postgres => "postgres",
@@ -171,46 +218,68 @@ pub struct PlannedFault {
     pub link: Option<Link>,
 }
 
-/// Quick mode: a short fixed list at fixed shares of the events (each kind once: the kills,
-/// the Kafka restart, the Postgres crash and restart, resets on the worker's link to
-/// Postgres, the receiver's absence). Full mode: every kind, the network ones once per link,
-/// the kills `kills_per_component` times (the relay's as standby takeovers), in a seeded
-/// order at evenly spaced points between 4 % and 88 %, `task_panic` last (it lasts to the
-/// end of the run). `opts.only` filters either plan.
+/// Quick mode: a short fixed list at fixed shares of the events (each kind once). On Kafka:
+/// the kills, the Kafka restart, the Postgres crash and restart, resets on the worker's link
+/// to Postgres, the receiver's absence. On inline: the kill of the `railhook all` process,
+/// the Postgres crash and restart, resets on its link to Postgres, a lost slot, the
+/// receiver's absence. Full mode: every kind that applies to the transport, the network
+/// ones once per link, the kills `kills_per_component` times (on Kafka the relay's as
+/// standby takeovers; on inline with two `all` processes, `kill_all` of the standby and as
+/// many takeovers), in a seeded order at evenly spaced points between 4 % and 88 %,
+/// `task_panic` last (it lasts to the end of the run). `opts.only` filters either plan.
 pub fn plan_faults(opts: &Options) -> Vec<PlannedFault> {
     let n = opts.events;
     let at = |share: f64| ((n as f64 * share) as usize).max(1);
     let worker_postgres = Link { component: Component::Worker, service: Service::Postgres };
     let mut plan: Vec<PlannedFault> = if opts.quick {
-        [
-            (0.10, FaultKind::KillWorker, None),
-            (0.20, FaultKind::KillRelay, None),
-            (0.30, FaultKind::KillApi, None),
-            (0.40, FaultKind::KafkaRestart, None),
-            (0.50, FaultKind::PostgresCrash, None),
-            (0.60, FaultKind::PostgresRestart, None),
-            (0.68, FaultKind::NetReset, Some(worker_postgres)),
-            (0.75, FaultKind::ReceiverOutage, None),
-        ]
-        .into_iter()
-        .map(|(share, kind, link)| PlannedFault { at_accepted: at(share), kind, link })
-        .collect()
+        let list: Vec<(f64, FaultKind, Option<Link>)> = match opts.transport {
+            TransportKind::Kafka => vec![
+                (0.10, FaultKind::KillWorker, None),
+                (0.20, FaultKind::KillRelay, None),
+                (0.30, FaultKind::KillApi, None),
+                (0.40, FaultKind::KafkaRestart, None),
+                (0.50, FaultKind::PostgresCrash, None),
+                (0.60, FaultKind::PostgresRestart, None),
+                (0.68, FaultKind::NetReset, Some(worker_postgres)),
+                (0.75, FaultKind::ReceiverOutage, None),
+            ],
+            TransportKind::Inline => vec![
+                (0.10, FaultKind::KillAll, None),
+                (0.25, FaultKind::PostgresCrash, None),
+                (0.40, FaultKind::PostgresRestart, None),
+                (0.55, FaultKind::NetReset, Some(Link::ALL_POSTGRES)),
+                (0.65, FaultKind::SlotInvalidation, None),
+                (0.75, FaultKind::ReceiverOutage, None),
+            ],
+        };
+        list.into_iter().map(|(share, kind, link)| PlannedFault { at_accepted: at(share), kind, link }).collect()
     } else {
         let mut kinds: Vec<(FaultKind, Option<Link>)> = Vec::new();
         for _ in 0..opts.kills_per_component {
-            kinds.push((FaultKind::KillApi, None));
-            kinds.push((FaultKind::KillWorker, None));
-            // With a standby, killing the relay is the standby's takeover.
-            kinds.push((if opts.relays > 1 { FaultKind::RelayStandbyTakeover } else { FaultKind::KillRelay }, None));
+            match opts.transport {
+                TransportKind::Kafka => {
+                    kinds.push((FaultKind::KillApi, None));
+                    kinds.push((FaultKind::KillWorker, None));
+                    // With a standby, killing the relay is the standby's takeover.
+                    kinds.push((if opts.relays > 1 { FaultKind::RelayStandbyTakeover } else { FaultKind::KillRelay }, None));
+                }
+                TransportKind::Inline => {
+                    kinds.push((FaultKind::KillAll, None));
+                    if opts.alls > 1 {
+                        kinds.push((FaultKind::RelayStandbyTakeover, None));
+                    }
+                }
+            }
         }
         for kind in [FaultKind::KafkaRestart, FaultKind::PostgresRestart, FaultKind::PostgresCrash, FaultKind::ReceiverOutage, FaultKind::SlotInvalidation, FaultKind::DiskFull, FaultKind::ClockSkew] {
             kinds.push((kind, None));
         }
         for kind in [FaultKind::NetLatency, FaultKind::NetBlackhole, FaultKind::NetReset] {
-            for link in Link::ALL {
+            for link in Link::of(opts.transport) {
                 kinds.push((kind, Some(link)));
             }
         }
+        kinds.retain(|(k, link)| k.not_applicable(*link, opts.transport).is_none());
         kinds.retain(|(k, _)| opts.only.as_ref().is_none_or(|only| only.contains(k)));
         kinds.shuffle(&mut StdRng::seed_from_u64(opts.seed));
         if opts.only.as_ref().is_none_or(|only| only.contains(&FaultKind::TaskPanic)) {
@@ -225,6 +294,35 @@ pub fn plan_faults(opts: &Options) -> Vec<PlannedFault> {
     plan
 }
 
+/// The faults the run does not inject because they do not apply to its transport, each with
+/// the reason: on inline, what the same mode's Kafka plan has and inline has not (the Kafka
+/// restart, the Kafka links, the kills of single components); on either, a kind asked for
+/// with `--faults` that the transport has not. Not silently dropped: the report lists them.
+pub fn skipped_faults(opts: &Options) -> Vec<String> {
+    let kafka = Options { transport: TransportKind::Kafka, ..opts.clone() };
+    let mut candidates: Vec<(FaultKind, Option<Link>)> = plan_faults(&kafka).iter().map(|f| (f.kind, f.link)).collect();
+    candidates.extend(opts.only.iter().flatten().map(|k| (*k, None)));
+    let mut skipped: Vec<String> = Vec::new();
+    for (kind, mut link) in candidates {
+        // On inline, a fault on a component's link to Postgres is injected on the `all`
+        // processes' link: moved, not skipped.
+        if opts.transport == TransportKind::Inline && link.is_some_and(|l| l.service == Service::Postgres) {
+            link = Some(Link::ALL_POSTGRES);
+        }
+        if let Some(why) = kind.not_applicable(link, opts.transport) {
+            let what = match link {
+                Some(l) if l.component != Component::All || opts.transport == TransportKind::Kafka => format!("{} {}", kind.name(), l.name()),
+                _ => kind.name().to_string(),
+            };
+            let line = format!("{what}: {why}");
+            if !skipped.contains(&line) {
+                skipped.push(line);
+            }
+        }
+    }
+    skipped
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,7 +333,7 @@ mod tests {
         let plan = plan_faults(&opts);
         for kind in FaultKind::ALL {
             let wanted = match kind {
-                FaultKind::KillRelay => 0,
+                FaultKind::KillRelay | FaultKind::KillAll => 0,
                 FaultKind::KillApi | FaultKind::KillWorker | FaultKind::RelayStandbyTakeover => 3,
                 FaultKind::NetLatency | FaultKind::NetBlackhole | FaultKind::NetReset => 5,
                 _ => 1,
@@ -246,6 +344,37 @@ mod tests {
         assert!(plan.windows(2).all(|w| w[0].at_accepted < w[1].at_accepted), "evenly spaced points");
         let again = plan_faults(&opts);
         assert_eq!(format!("{plan:?}"), format!("{again:?}"), "seeded");
+    }
+
+    #[test]
+    fn the_inline_plans_kill_the_all_process_and_name_what_does_not_apply() {
+        let mut opts = Options::quick("railhook".into());
+        opts.transport = TransportKind::Inline;
+        let plan = plan_faults(&opts);
+        let kinds: Vec<FaultKind> = plan.iter().map(|f| f.kind).collect();
+        assert!(kinds.contains(&FaultKind::KillAll) && kinds.contains(&FaultKind::PostgresCrash) && kinds.contains(&FaultKind::NetReset));
+        assert!(plan.iter().all(|f| f.kind.not_applicable(f.link, TransportKind::Inline).is_none()), "{plan:?}");
+        assert!(plan.iter().filter_map(|f| f.link).all(|l| l == Link::ALL_POSTGRES));
+        let skipped = skipped_faults(&opts);
+        for kind in ["kafka_restart", "kill_api", "kill_relay", "kill_worker"] {
+            assert!(skipped.iter().any(|s| s.starts_with(&format!("{kind}:"))), "{kind} in {skipped:?}");
+        }
+
+        let mut full = Options::full("railhook".into());
+        full.transport = TransportKind::Inline;
+        let plan = plan_faults(&full);
+        for kind in FaultKind::ALL {
+            let wanted = match kind {
+                FaultKind::KillApi | FaultKind::KillRelay | FaultKind::KillWorker | FaultKind::KafkaRestart => 0,
+                FaultKind::KillAll | FaultKind::RelayStandbyTakeover => 3,
+                FaultKind::NetLatency | FaultKind::NetBlackhole | FaultKind::NetReset => 1,
+                _ => 1,
+            };
+            assert_eq!(plan.iter().filter(|f| f.kind == kind).count(), wanted, "{kind:?}");
+        }
+        let skipped = skipped_faults(&full);
+        assert!(skipped.iter().any(|s| s.starts_with("net_blackhole worker-kafka:")), "{skipped:?}");
+        assert!(skipped_faults(&Options::full("railhook".into())).is_empty());
     }
 
     #[test]

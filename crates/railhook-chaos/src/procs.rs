@@ -2,7 +2,11 @@
 //! process that is killed (by the fault controller) or exits on its own is started again
 //! after a short delay, with the same configuration and ports. The controller may also hold
 //! a process stopped (SIGTERM) until it resumes it, and start it again with other
-//! environment variables (a failpoint).
+//! environment variables (a failpoint), or without them again.
+//!
+//! A [`Supervised`] is a handle: its clones order the same supervisor. On the inline
+//! transport one `railhook all` process is the run's api, relay and worker at once, so the
+//! stack lists a clone of its handle in each role.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -28,17 +32,34 @@ enum Order {
     /// SIGTERM (SIGKILL after a bounded wait); started again only on `Resume`.
     Hold(oneshot::Sender<()>),
     Resume,
-    /// SIGTERM (SIGKILL after a bounded wait), then start again at once with these extra
-    /// environment variables.
-    Respawn(Vec<(String, String)>, oneshot::Sender<()>),
+    /// SIGTERM (SIGKILL after a bounded wait), then start again at once with this change to
+    /// its environment.
+    Respawn(EnvChange, oneshot::Sender<()>),
 }
 
-/// One supervised component (`railhook <subcommand> --config <file>`).
+/// Environment variables a respawn adds (`add`) or takes away (`remove`, by name).
+#[derive(Debug, Default)]
+struct EnvChange {
+    add: Vec<(String, String)>,
+    remove: Vec<String>,
+}
+
+impl EnvChange {
+    fn apply(self, env: &mut Vec<(String, String)>) {
+        env.retain(|(k, _)| !self.remove.contains(k) && !self.add.iter().any(|(a, _)| a == k));
+        env.extend(self.add);
+    }
+}
+
+/// One supervised component (`railhook <subcommand> --config <file>`); clones are handles
+/// of the same process.
+#[derive(Clone)]
 pub struct Supervised {
     pub name: &'static str,
     orders: mpsc::Sender<Order>,
     stats: Arc<Mutex<ProcessStats>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    /// The supervisor, awaited by the first [`Supervised::stop`] of any clone.
+    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
     pub log: PathBuf,
 }
 
@@ -56,7 +77,7 @@ impl Supervised {
         let stats = Arc::new(Mutex::new(ProcessStats::default()));
         let spec = Spec { name, bin: bin.to_path_buf(), subcommand: subcommand.to_string(), config: config.to_path_buf(), log: log.clone(), restart_delay, env };
         let task = tokio::spawn(supervise(spec, rx, stats.clone()));
-        Supervised { name, orders: tx, stats, task: Some(task), log }
+        Supervised { name, orders: tx, stats, task: Arc::new(Mutex::new(Some(task))), log }
     }
 
     /// kill -9; returns when it was sent (the supervisor starts the process again after its
@@ -85,8 +106,18 @@ impl Supervised {
     /// SIGTERM (SIGKILL after a bounded wait), then starts it again at once with `env` added
     /// (for the rest of its life).
     pub async fn respawn_with(&self, env: Vec<(String, String)>) {
+        self.respawn(EnvChange { add: env, remove: Vec::new() }).await
+    }
+
+    /// SIGTERM (SIGKILL after a bounded wait), then starts it again at once without the
+    /// environment variables named (added by [`Supervised::respawn_with`]).
+    pub async fn respawn_without(&self, names: &[&str]) {
+        self.respawn(EnvChange { add: Vec::new(), remove: names.iter().map(|n| n.to_string()).collect() }).await
+    }
+
+    async fn respawn(&self, change: EnvChange) {
         let (tx, rx) = oneshot::channel();
-        if self.orders.send(Order::Respawn(env, tx)).await.is_ok() {
+        if self.orders.send(Order::Respawn(change, tx)).await.is_ok() {
             let _ = rx.await;
         }
     }
@@ -108,7 +139,8 @@ impl Supervised {
         if self.orders.send(Order::Stop(tx)).await.is_ok() {
             let _ = rx.await;
         }
-        if let Some(task) = self.task.take() {
+        let task = self.task.lock().unwrap().take();
+        if let Some(task) = task {
             let _ = task.await;
         }
     }
@@ -218,7 +250,7 @@ async fn supervise(mut spec: Spec, mut orders: mpsc::Receiver<Order>, stats: Arc
                         // Stopped as at a deploy (its Attempts drained), not killed: the
                         // fault is what the new environment does, not the stop.
                         terminate(&spec, &mut child).await;
-                        spec.env.extend(env);
+                        env.apply(&mut spec.env);
                         let _ = done.send(());
                         break;
                     }
@@ -256,7 +288,7 @@ async fn held_until_resumed(spec: &mut Spec, orders: &mut mpsc::Receiver<Order>)
                 let _ = done.send(Utc::now());
             }
             Some(Order::Respawn(env, done)) => {
-                spec.env.extend(env);
+                env.apply(&mut spec.env);
                 let _ = done.send(());
             }
             Some(Order::Stop(done)) => {

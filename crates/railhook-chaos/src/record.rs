@@ -28,6 +28,10 @@ pub struct FaultRecord {
     pub ended_at: DateTime<Utc>,
     /// Accepted events of the paced stream when it was injected.
     pub at_accepted: usize,
+    /// Whether it ended a worker's process ([`FaultKind::kills_a_worker`] on the run's
+    /// transport): its Attempts in flight were never recorded (window 8).
+    #[serde(default)]
+    pub kills_a_worker: bool,
     /// What the injection saw, by kind (the standby's takeover time, the slot's state, ...).
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub detail: serde_json::Value,
@@ -116,7 +120,7 @@ pub struct FaultTimes {
 impl FaultTimes {
     pub fn new(faults: &[FaultRecord]) -> FaultTimes {
         FaultTimes {
-            kills: faults.iter().filter(|f| f.kind.kills_a_worker()).map(|f| f.started_at).collect(),
+            kills: faults.iter().filter(|f| f.kills_a_worker).map(|f| f.started_at).collect(),
             postgres_unreachable: faults.iter().filter(|f| f.kind.postgres_unreachable(f.link)).map(|f| (f.started_at, f.ended_at)).collect(),
             crashes: faults.iter().filter(|f| f.kind == FaultKind::PostgresCrash).map(|f| (f.started_at, f.ended_at)).collect(),
             panics: faults.iter().filter(|f| f.kind == FaultKind::TaskPanic).map(|f| (f.started_at, f.ended_at)).collect(),

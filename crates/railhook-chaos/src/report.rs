@@ -38,10 +38,16 @@ pub struct Timings {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Topology {
+    /// `railhook all` processes (the inline transport; 0 on Kafka): each an api, a relay and
+    /// a worker. With two, one streams from the slot and the other's relay is its hot standby.
+    pub all: usize,
+    /// Separate processes (the Kafka transport; 0 on inline).
     pub apis: usize,
     /// One streams; the others wait as hot standbys.
     pub relays: usize,
     pub workers: usize,
+    /// Whether the run started a Kafka broker (never on inline).
+    pub kafka: bool,
     /// How the processes reach Postgres and Kafka: `toxiproxy` (one proxy per link) or
     /// `direct`.
     pub network: &'static str,
@@ -52,6 +58,8 @@ pub struct Topology {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub mode: &'static str,
+    /// How announcements went from the relay to the workers: `kafka` or `inline`.
+    pub transport: &'static str,
     pub seed: u64,
     /// Events of the paced stream (the bursts' are `burst_events`).
     pub events: usize,
@@ -107,9 +115,10 @@ pub fn render(report: &Report) -> String {
     let d = &v.duplicates;
     let mut out = String::new();
     let mut line = |k: &str, val: String| out.push_str(&format!("  {k:<40} {val}\n"));
-    line("mode", format!("{} (seed {})", report.mode, report.seed));
+    line("mode", format!("{} (seed {}), transport {}", report.mode, report.seed, report.transport));
     let t = &report.topology;
-    line("processes", format!("{} api, {} relay, {} worker; network {}{}", t.apis, t.relays, t.workers, t.network, if t.postgres_data_on_tmpfs { "; Postgres data on a tmpfs" } else { "" }));
+    let processes = if t.all > 0 { format!("{} all (api, relay and worker in one process), no Kafka", t.all) } else { format!("{} api, {} relay, {} worker", t.apis, t.relays, t.workers) };
+    line("processes", format!("{processes}; network {}{}", t.network, if t.postgres_data_on_tmpfs { "; Postgres data on a tmpfs" } else { "" }));
     line("events planned / accepted", format!("{} / {}", v.planned_events, v.accepted));
     line("endpoints (flaky)", format!("{} ({})", report.endpoints, report.flaky_endpoints));
     line("deliveries expected / in Postgres", format!("{} / {}", v.deliveries_expected, v.deliveries_in_postgres));

@@ -20,7 +20,7 @@ use crate::forwards;
 use crate::inject::{self, Bursts, IncomingBursts, Targets};
 use crate::network::Toxiproxy;
 use crate::options::*;
-use crate::plan::{plan_faults, Component, FaultKind, Link, Service};
+use crate::plan::{plan_faults, skipped_faults, Component, FaultKind, Link, Service};
 use crate::receiver::{Profile, Receiver, ReceiverEndpoint};
 use crate::record::AttemptRow;
 use crate::report::{GapTimeoutCount, Report, Timings, Topology};
@@ -56,21 +56,20 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut plan = plan_faults(opts);
     let planned = |k: FaultKind| plan.iter().any(|f| f.kind == k);
     let proxied = plan.iter().any(|f| f.link.is_some());
+    let processes = if opts.inline() { format!("{} all (inline, no Kafka)", opts.alls) } else { format!("{} api / {} relay / {} worker (kafka)", opts.apis, opts.relays, opts.workers) };
     eprintln!(
-        "railhook-chaos: {} run, {} events over {} endpoints, {} api / {} relay / {} worker, {} faults, seed {}, folder {}",
+        "railhook-chaos: {} run, {} events over {} endpoints, {processes}, {} faults, seed {}, folder {}",
         if opts.quick { "quick" } else { "full" },
         opts.events,
         opts.endpoints,
-        opts.apis,
-        opts.relays,
-        opts.workers,
         plan.len(),
         opts.seed,
         dir.display()
     );
 
-    // Private servers, and the proxy between them and the processes.
-    let mut skipped = Vec::new();
+    // Private servers (no broker on inline), and the proxy between them and the processes.
+    let mut skipped = skipped_faults(opts);
+    let links = Link::of(opts.transport);
     let pg_start = async {
         if planned(FaultKind::DiskFull) {
             if let Some(pg) = PgCluster::start_on_tmpfs(PG_TMPFS_BYTES).await {
@@ -79,13 +78,19 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         }
         PgCluster::start().await
     };
-    let proxy_ports: HashMap<Link, u16> = if proxied { Link::ALL.iter().map(|l| (*l, railhook_testkit::pg::free_low_port())).collect() } else { HashMap::new() };
+    let proxy_ports: HashMap<Link, u16> = if proxied { links.iter().map(|l| (*l, railhook_testkit::pg::free_low_port())).collect() } else { HashMap::new() };
     let listeners: Vec<(&str, u16)> = if proxied {
-        KAFKA_LISTENERS.iter().map(|(c, name)| (*name, proxy_ports[&Link { component: *c, service: Service::Kafka }])).collect()
+        KAFKA_LISTENERS.iter().filter_map(|(c, name)| proxy_ports.get(&Link { component: *c, service: Service::Kafka }).map(|port| (*name, *port))).collect()
     } else {
         Vec::new()
     };
-    let (mut pg, mut kafka) = tokio::join!(pg_start, KafkaBroker::start_with_listeners(&listeners));
+    let kafka_start = async {
+        match opts.transport {
+            TransportKind::Kafka => Some(KafkaBroker::start_with_listeners(&listeners).await),
+            TransportKind::Inline => None,
+        }
+    };
+    let (mut pg, mut kafka) = tokio::join!(pg_start, kafka_start);
     if planned(FaultKind::DiskFull) && !pg.is_on_tmpfs() {
         skipped.push("disk_full: mounting a tmpfs for Postgres' data needs root".to_string());
         plan.retain(|f| f.kind != FaultKind::DiskFull);
@@ -97,12 +102,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let direct_pg = pg.url("railhook");
     let proxy = if proxied {
         let mut p = Toxiproxy::start(&logs).await?;
-        for link in Link::ALL {
+        for link in links.iter().copied() {
             let upstream = match link.service {
                 Service::Postgres => pg.port(),
                 Service::Kafka => {
                     let name = KAFKA_LISTENERS.iter().find(|(c, _)| *c == link.component).map(|(_, n)| *n).context("a Kafka link of a component without a listener")?;
-                    kafka.listener_port(name).context("the broker's proxied listener")?
+                    kafka.as_ref().and_then(|k| k.listener_port(name)).context("the broker's proxied listener")?
                 }
             };
             p.add_proxy(link, proxy_ports[&link], upstream).await?;
@@ -112,19 +117,28 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         None
     };
     let mut routes = Routes { postgres: HashMap::new(), kafka: HashMap::new() };
-    for component in [Component::Api, Component::Relay, Component::Worker] {
+    let brokers = kafka.as_ref().map(|k| k.brokers()).unwrap_or_default();
+    for component in [Component::Api, Component::Relay, Component::Worker, Component::All] {
         let via = |service| proxy.as_ref().and_then(|p| p.port(Link { component, service }));
         let pg_url = match via(Service::Postgres) {
             Some(port) => direct_pg.replace(&format!(":{}/", pg.port()), &format!(":{port}/")),
             None => direct_pg.clone(),
         };
         routes.postgres.insert(component, pg_url);
-        routes.kafka.insert(component, via(Service::Kafka).map_or(kafka.brokers(), |port| format!("127.0.0.1:{port}")));
+        let kafka_route = match &kafka {
+            Some(_) => via(Service::Kafka).map_or(brokers.clone(), |port| format!("127.0.0.1:{port}")),
+            None => String::new(),
+        };
+        routes.kafka.insert(component, kafka_route);
     }
 
     let mut base = stack::base_config();
     base.database.url = direct_pg.clone();
-    base.kafka.brokers = kafka.brokers();
+    base.kafka.brokers = brokers.clone();
+    base.transport = match opts.transport {
+        TransportKind::Kafka => railhook_config::Transport::Kafka,
+        TransportKind::Inline => railhook_config::Transport::Inline,
+    };
     let migrate_config = dir.join("migrate.toml");
     std::fs::write(&migrate_config, toml::to_string(&base).context("render the configuration")?)?;
     let migrate = tokio::process::Command::new(&bin)
@@ -237,7 +251,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let mut targets = Targets {
         stack: &mut stack,
         pg: &mut pg,
-        kafka: &mut kafka,
+        kafka: kafka.as_mut(),
         proxy: proxy.as_ref(),
         receiver: receiver.clone(),
         admin_url: String::new(),
@@ -281,15 +295,19 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         }
     }
     let mut gap_timeouts = GapTimeoutCount { worker_metric, worker_log: 0 };
-    // `task_panic` lasts to the end: its window and its panics, counted in its worker's log.
+    // `task_panic` lasts to the end: its window and its panics, counted in its workers' logs
+    // (`workers`: [name, log offset] each).
     let run_end = Utc::now();
     for r in records.iter_mut().filter(|r| r.kind == FaultKind::TaskPanic) {
         r.ended_at = run_end;
-        let worker = r.detail.get("worker").and_then(|w| w.as_str()).and_then(|name| stack.workers.iter().find(|w| w.name == name));
-        if let (Some(worker), Some(from)) = (worker, r.detail.get("log_from").and_then(|f| f.as_u64())) {
-            let panics = worker.log_since(from).lines().filter(|l| l.contains("panicked at")).count();
-            r.detail["panics"] = panics.into();
+        let mut panics = 0;
+        for entry in r.detail.get("workers").and_then(|w| w.as_array()).cloned().unwrap_or_default() {
+            let (Some(name), Some(from)) = (entry.get(0).and_then(|n| n.as_str()), entry.get(1).and_then(|f| f.as_u64())) else { continue };
+            if let Some(worker) = stack.workers.iter().find(|w| w.name == name) {
+                panics += worker.log_since(from).lines().filter(|l| l.contains("panicked at")).count();
+            }
         }
+        r.detail["panics"] = panics.into();
     }
     stack.stop().await;
     gap_timeouts.worker_log = stack
@@ -351,6 +369,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let keep = opts.keep || !passed;
     let report = Report {
         mode: if opts.quick { "quick" } else { "full" },
+        transport: opts.transport.as_str(),
         seed: opts.seed,
         events: opts.events,
         lost: verdict.lost + forwards_verdict.lost,
@@ -358,7 +377,13 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         failures,
         endpoints: opts.endpoints,
         flaky_endpoints,
-        topology: Topology { apis: opts.apis, relays: opts.relays, workers: opts.workers, network: if proxy.is_some() { "toxiproxy" } else { "direct" }, postgres_data_on_tmpfs: pg.is_on_tmpfs() },
+        topology: Topology {
+            all: if opts.inline() { opts.alls } else { 0 },
+            apis: if opts.inline() { 0 } else { opts.apis },
+            relays: if opts.inline() { 0 } else { opts.relays },
+            workers: if opts.inline() { 0 } else { opts.workers },
+            kafka: kafka.is_some(),
+            network: if proxy.is_some() { "toxiproxy" } else { "direct" }, postgres_data_on_tmpfs: pg.is_on_tmpfs() },
         ordered_endpoints,
         burst_events,
         ordering_gap_timeout_seconds: ORDERING_GAP_TIMEOUT_S,

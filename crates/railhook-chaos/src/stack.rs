@@ -1,8 +1,13 @@
-//! The product's processes of one run and their configuration: `railhook api`, `relay` and
-//! `worker` processes (quick mode one of each; the full run two of each, one relay the hot
-//! standby of the other), each under a supervisor ([`crate::procs`]), each with its own
-//! configuration file (its ports), reaching Postgres and Kafka through its component's
-//! proxy when the run injects network faults ([`crate::network`]).
+//! The product's processes of one run and their configuration. On the Kafka transport:
+//! `railhook api`, `relay` and `worker` processes (quick mode one of each; the full run two
+//! of each, one relay the hot standby of the other). On the inline transport: `railhook
+//! all` processes with `transport = "inline"` and no broker (quick one; full two, one
+//! streaming from the slot, the other's relay its hot standby), each the run's api, relay
+//! and worker at once: the stack lists a handle of each in the three roles, and its one
+//! `/metrics` (the API's) is where the relay's and the worker's metrics are read. Each
+//! process under a supervisor ([`crate::procs`]), each with its own configuration file (its
+//! ports), reaching Postgres (and Kafka) through its component's proxy when the run injects
+//! network faults ([`crate::network`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -20,14 +25,18 @@ const API_NAMES: [&str; 2] = ["api", "api2"];
 const RELAY_NAMES: [&str; 2] = ["relay", "relay2"];
 pub const WORKER_NAMES: [&str; 4] = ["worker", "worker2", "worker3", "worker4"];
 const SKEWED_NAME: &str = "worker-skewed";
+const ALL_NAMES: [&str; 2] = ["all", "all2"];
 
 /// How far ahead the skewed worker's clock runs (`clock_skew`): 30 s.
 pub const CLOCK_AHEAD_MS: i64 = 30_000;
 
+/// On inline, `api`, `relay_ops` and `worker_ops` are the same ports: each `all` process's
+/// API, whose `/metrics` has its relay's and its worker's metrics.
 pub struct Ports {
     pub api: Vec<u16>,
+    /// Where each relay's `/metrics` is.
     pub relay_ops: Vec<u16>,
-    /// One per worker process.
+    /// One per worker process: its `/metrics` and `/readyz`.
     pub worker_ops: Vec<u16>,
     /// The worker with the skewed clock.
     pub skewed_ops: u16,
@@ -37,6 +46,10 @@ pub struct Ports {
 impl Ports {
     pub fn pick(opts: &Options) -> Ports {
         let free = railhook_testkit::pg::free_low_port;
+        if opts.inline() {
+            let api: Vec<u16> = (0..opts.alls).map(|_| free()).collect();
+            return Ports { relay_ops: api.clone(), worker_ops: api.clone(), api, skewed_ops: free(), receiver: free() };
+        }
         Ports {
             api: (0..opts.apis).map(|_| free()).collect(),
             relay_ops: (0..opts.relays).map(|_| free()).collect(),
@@ -87,6 +100,9 @@ pub fn base_config() -> railhook_config::Config {
 }
 
 pub struct Stack {
+    /// The `railhook all` processes on inline (each also in `apis`, `relays` and `workers`);
+    /// empty on Kafka.
+    pub alls: Vec<Supervised>,
     pub apis: Vec<Supervised>,
     /// One streams; with two, the other waits as its hot standby.
     pub relays: Vec<Supervised>,
@@ -116,6 +132,21 @@ impl Stack {
             Ok(path)
         };
         let local = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let skewed_config = write(SKEWED_NAME, Component::Worker, &|c| c.worker.ops_listen = local(ports.skewed_ops))?;
+        if opts.inline() {
+            anyhow::ensure!((1..=ALL_NAMES.len()).contains(&opts.alls), "1 or 2 `railhook all` processes");
+            let mut alls = Vec::new();
+            for (i, port) in ports.api.iter().enumerate() {
+                let path = write(ALL_NAMES[i], Component::All, &|c| {
+                    c.api.listen = local(*port);
+                    c.transport = railhook_config::Transport::Inline;
+                    c.kafka.brokers = String::new();
+                })?;
+                alls.push(Supervised::start(ALL_NAMES[i], bin, "all", &path, logs, opts.restart_delay));
+            }
+            let (apis, relays, workers) = (alls.clone(), alls.clone(), alls.clone());
+            return Ok(Stack { alls, apis, relays, workers, skewed: None, bin: bin.to_path_buf(), logs: logs.to_path_buf(), restart_delay: opts.restart_delay, skewed_config, ports });
+        }
         let mut apis = Vec::new();
         for (i, port) in ports.api.iter().enumerate() {
             let path = write(API_NAMES[i], Component::Api, &|c| c.api.listen = local(*port))?;
@@ -131,8 +162,7 @@ impl Stack {
             let path = write(WORKER_NAMES[i], Component::Worker, &|c| c.worker.ops_listen = local(*port))?;
             workers.push(Supervised::start(WORKER_NAMES[i], bin, "worker", &path, logs, opts.restart_delay));
         }
-        let skewed_config = write(SKEWED_NAME, Component::Worker, &|c| c.worker.ops_listen = local(ports.skewed_ops))?;
-        Ok(Stack { apis, relays, workers, skewed: None, bin: bin.to_path_buf(), logs: logs.to_path_buf(), restart_delay: opts.restart_delay, skewed_config, ports })
+        Ok(Stack { alls: Vec::new(), apis, relays, workers, skewed: None, bin: bin.to_path_buf(), logs: logs.to_path_buf(), restart_delay: opts.restart_delay, skewed_config, ports })
     }
 
     /// Starts the worker whose clock runs [`CLOCK_AHEAD_MS`] ahead: its wall clock read
@@ -169,11 +199,14 @@ impl Stack {
         sum
     }
 
+    /// Every process once (on inline each `all` process is in three roles).
     pub fn all(&self) -> Vec<&Supervised> {
-        let mut all: Vec<&Supervised> = self.apis.iter().collect();
-        all.extend(self.relays.iter());
-        all.extend(self.workers.iter());
-        all.extend(self.skewed.iter());
+        let mut all: Vec<&Supervised> = Vec::new();
+        for s in self.apis.iter().chain(&self.relays).chain(&self.workers).chain(&self.skewed) {
+            if !all.iter().any(|a| a.name == s.name) {
+                all.push(s);
+            }
+        }
         all
     }
 

@@ -17,21 +17,54 @@
 //! events (issue 16: "kill -9 of the worker during Forwards loses nothing"): every accepted
 //! request's Forward reaches each Destination, resends make no Forward, duplicates are window
 //! 8, nothing is stuck.
-//! The full run is `scripts/chaos`.
+//! The same quick mode runs on both transports (issue 32): on Kafka (separate api, relay and
+//! worker processes, a private broker) and on inline (one `railhook all` process, no Kafka at
+//! all: its SIGKILL, the Postgres crash and restart, resets on its link to Postgres, a lost
+//! replication slot and the receiver's absence; the Kafka restart and the single components'
+//! kills do not apply and are listed as such in the report).
+//! The full run is `scripts/chaos` (`scripts/chaos --transport inline` for inline).
 
 use std::path::PathBuf;
 
+use railhook_chaos::options::TransportKind;
+
+/// The two runs one after the other: each starts its own Postgres (and Kafka) and a dozen
+/// processes, and its timings (the faults' points, the drain) are set for a machine it does
+/// not share with another run.
+static ONE_RUN_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_chaos_run_loses_nothing_accepted() {
-    let opts = railhook_chaos::Options::quick(PathBuf::from(env!("CARGO_BIN_EXE_railhook")));
+    quick_run(TransportKind::Kafka, &["postgres_crash", "net_reset", "kill_worker", "kafka_restart"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_chaos_run_on_the_inline_transport_loses_nothing_accepted() {
+    let report = quick_run(TransportKind::Inline, &["kill_all", "postgres_crash", "postgres_restart", "net_reset", "slot_invalidation", "receiver_outage"]).await;
+    let text = railhook_chaos::render(&report);
+    assert!(report.topology.all == 1 && !report.topology.kafka, "one railhook all process and no Kafka:\n{text}");
+    // What does not apply on inline is named, with the reason, not silently dropped.
+    for kind in ["kafka_restart", "kill_api", "kill_relay", "kill_worker"] {
+        assert!(report.faults_skipped.iter().any(|s| s.starts_with(&format!("{kind}:"))), "{kind} listed as not injected:\n{text}");
+        assert!(!report.kinds.contains_key(kind), "{kind} injected on inline:\n{text}");
+    }
+}
+
+/// One quick run on `transport`; each of `kinds` injected once and passed, and every
+/// invariant held. Returns the report.
+async fn quick_run(transport: TransportKind, kinds: &[&str]) -> railhook_chaos::Report {
+    let _turn = ONE_RUN_AT_A_TIME.lock().await;
+    let mut opts = railhook_chaos::Options::quick(PathBuf::from(env!("CARGO_BIN_EXE_railhook")));
+    opts.transport = transport;
     let report = railhook_chaos::run(&opts).await.expect("the chaos run could be carried out");
     let text = railhook_chaos::render(&report);
     eprintln!("{text}");
-    let out = std::env::temp_dir().join(format!("railhook-chaos-quick-{}.json", std::process::id()));
+    let out = std::env::temp_dir().join(format!("railhook-chaos-quick-{}-{}.json", transport.as_str(), std::process::id()));
     railhook_chaos::write_json(&report, &out).expect("write the report");
+    assert_eq!(report.transport, transport.as_str(), "the report names its transport:\n{text}");
     let v = &report.verdict;
-    for kind in ["postgres_crash", "net_reset", "kill_worker", "kafka_restart"] {
-        let k = report.kinds.get(kind).unwrap_or_else(|| panic!("no {kind} entry:\n{text}"));
+    for kind in kinds {
+        let k = report.kinds.get(*kind).unwrap_or_else(|| panic!("no {kind} entry:\n{text}"));
         assert!(k.injected == 1 && k.passed, "{kind}: {:?}\n{text}", k.failures);
     }
     assert_eq!(report.lost, 0, "lost:\n{text}");
@@ -65,4 +98,5 @@ async fn quick_chaos_run_loses_nothing_accepted() {
     assert_eq!(f.duplicates.unexplained, 0, "unexplained Forward duplicates:\n{text}");
     assert_eq!(f.stuck, 0, "stuck Forwards:\n{text}");
     assert!(v.passed && report.passed, "verdict:\n{text}");
+    report
 }
