@@ -23,6 +23,12 @@
 //! Quick mode (what `cargo test` runs, `crates/railhook/tests/chaos.rs`): 500 events over 5
 //! Endpoints, one process of each kind, a short list of faults at fixed points (the Postgres
 //! crash among them), each in the middle of an ordered burst, a fixed seed.
+//!
+//! Either transport ([`Options::transport`], `--transport`): on Kafka the above; on inline
+//! `railhook all` processes (quick one, full two: one streams from the slot, the other's relay
+//! is its standby) and no broker at all, `kill_all` for the single components' kills, the
+//! network faults on the `all` processes' link to Postgres, and what needs Kafka listed in
+//! the report as not applicable, with the reason ([`plan::skipped_faults`]).
 
 use std::time::Duration;
 
