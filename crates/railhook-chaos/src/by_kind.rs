@@ -273,7 +273,16 @@ fn kind_checks(k: &KindInputs, faults: &[&FaultRecord], out: &mut ByKind) {
     let detail_str = |f: &FaultRecord, key: &str| f.detail.get(key).and_then(|v| v.as_str()).map(str::to_string);
     for f in faults {
         let Some(r) = out.kinds.get_mut(f.kind.name()) else { continue };
+        if let Some(e) = detail_str(f, "error") {
+            r.failures.push(format!("could not be injected: {e}"));
+        }
         match f.kind {
+            FaultKind::PostgresRestart => {
+                if let Some(e) = detail_str(f, "clean_stop_failed") {
+                    let first = e.lines().next().unwrap_or_default().to_string();
+                    r.failures.push(format!("Postgres did not stop within 60 s of `pg_ctl -m fast stop` ({first}); the run ended it with kill -9"));
+                }
+            }
             FaultKind::PostgresCrash => {
                 let (forgotten, longest) = forgotten_claims(k, f);
                 r.figures.insert("forgotten_claims".into(), forgotten.into());
@@ -624,5 +633,18 @@ mod tests {
             w.inputs.faults = vec![fault(FaultKind::SlotInvalidation, 10, 20, detail)];
             assert!(!report(&w, &[], 4).kinds["slot_invalidation"].passed, "{key}");
         }
+    }
+
+    #[test]
+    fn a_restart_that_did_not_stop_cleanly_and_a_fault_not_injected_fail_their_kind() {
+        let mut w = world(&[0]);
+        w.inputs.faults = vec![fault(FaultKind::PostgresRestart, 10, 20, serde_json::json!({"down_ms": 400}))];
+        assert!(report(&w, &[], 4).kinds["postgres_restart"].passed);
+        w.inputs.faults = vec![fault(FaultKind::PostgresRestart, 10, 20, serde_json::json!({"down_ms": 61_000, "clean_stop_failed": "pg_ctl stop failed: pg_ctl: server does not shut down\n..."}))];
+        let r = report(&w, &[], 4);
+        assert!(!r.kinds["postgres_restart"].passed);
+        assert!(r.kinds["postgres_restart"].failures[0].contains("server does not shut down"), "{:?}", r.kinds["postgres_restart"].failures);
+        w.inputs.faults = vec![fault(FaultKind::NetReset, 10, 20, serde_json::json!({"error": "no proxy"}))];
+        assert!(!report(&w, &[], 4).kinds["net_reset"].passed);
     }
 }

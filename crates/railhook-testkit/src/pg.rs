@@ -149,15 +149,27 @@ impl PgCluster {
     }
 
     /// `pg_ctl -m fast stop`; returns once the server is gone. Does nothing if it is stopped.
+    /// Panics if it is not gone within 60 s ([`PgCluster::try_stop`] says why instead).
     pub async fn stop(&mut self) {
+        if let Err(e) = self.try_stop().await {
+            panic!("{e}");
+        }
+    }
+
+    /// `pg_ctl -m fast stop`, waiting at most 60 s: an error (pg_ctl's words and the
+    /// server log's tail) if the server is still there then, for example a walsender waiting
+    /// for its client to confirm what it was sent. The server then still runs (shutting
+    /// down): [`PgCluster::crash`] ends it.
+    pub async fn try_stop(&mut self) -> Result<(), String> {
         if !self.running {
-            return;
+            return Ok(());
         }
         let out = self.pg_ctl(&["-m", "fast", "-w", "-t", "60", "stop"]).await;
         if !out.status.success() {
-            panic!("pg_ctl stop failed: {}\n{}", String::from_utf8_lossy(&out.stderr), self.log_tail(20));
+            return Err(format!("pg_ctl stop failed: {}\n{}", String::from_utf8_lossy(&out.stderr).trim(), self.log_tail(20)));
         }
         self.running = false;
+        Ok(())
     }
 
     /// `kill -9` of the postmaster (a crash: what the WAL writer had not flushed is gone),
