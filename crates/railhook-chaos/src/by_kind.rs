@@ -280,7 +280,7 @@ fn kind_checks(k: &KindInputs, faults: &[&FaultRecord], out: &mut ByKind) {
             FaultKind::PostgresRestart => {
                 if let Some(e) = detail_str(f, "clean_stop_failed") {
                     let first = e.lines().next().unwrap_or_default().to_string();
-                    r.failures.push(format!("Postgres did not stop within 60 s of `pg_ctl -m fast stop` ({first}); the run ended it with kill -9"));
+                    r.failures.push(format!("Postgres did not stop within 60 s of `pg_ctl -m fast stop` ({first}); the run ended it with pg_ctl -m immediate"));
                 }
             }
             FaultKind::PostgresCrash => {

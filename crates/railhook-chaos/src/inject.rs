@@ -171,12 +171,12 @@ async fn one(fault: &PlannedFault, opts: &Options, t: &mut Targets<'_>) -> anyho
         }
         FaultKind::PostgresRestart => {
             // A clean stop that does not end within 60 s fails the kind (by_kind); the run
-            // then ends the server with kill -9 (its shutdown checkpoint is written by then:
-            // what it waits for is its walsenders) and goes on.
+            // then ends the server with `pg_ctl -m immediate` (its shutdown checkpoint is
+            // written by then: what it waits for is its walsenders) and goes on.
             let started = Utc::now();
             let stopped = t.pg.try_stop().await;
             if stopped.is_err() {
-                t.pg.crash().await;
+                t.pg.stop_immediate().await;
             }
             t.pg.start_again().await;
             let down_ms = (Utc::now() - started).num_milliseconds();

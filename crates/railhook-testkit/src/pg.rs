@@ -159,7 +159,7 @@ impl PgCluster {
     /// `pg_ctl -m fast stop`, waiting at most 60 s: an error (pg_ctl's words and the
     /// server log's tail) if the server is still there then, for example a walsender waiting
     /// for its client to confirm what it was sent. The server then still runs (shutting
-    /// down): [`PgCluster::crash`] ends it.
+    /// down): [`PgCluster::stop_immediate`] ends it.
     pub async fn try_stop(&mut self) -> Result<(), String> {
         if !self.running {
             return Ok(());
@@ -170,6 +170,22 @@ impl PgCluster {
         }
         self.running = false;
         Ok(())
+    }
+
+    /// `pg_ctl -m immediate stop`: every server process is told to quit at once (SIGQUIT),
+    /// walsenders included, also when a fast stop is already under way (a `kill -9` of the
+    /// postmaster would leave such a walsender holding the shared memory, and no new
+    /// server could start until it noticed). Crash recovery at the next start. Panics if the
+    /// server is not gone within 60 s.
+    pub async fn stop_immediate(&mut self) {
+        if !self.running {
+            return;
+        }
+        let out = self.pg_ctl(&["-m", "immediate", "-w", "-t", "60", "stop"]).await;
+        if !out.status.success() {
+            panic!("pg_ctl -m immediate stop failed: {}\n{}", String::from_utf8_lossy(&out.stderr).trim(), self.log_tail(20));
+        }
+        self.running = false;
     }
 
     /// `kill -9` of the postmaster (a crash: what the WAL writer had not flushed is gone),
