@@ -318,7 +318,7 @@ mod tests {
             assert_eq!(v.verify_at(&headers(id, bad, good), body.as_bytes(), 1614265330), Err(VerifyError::InvalidTimestamp(bad.into())), "{bad}");
         }
         // Header names are case-insensitive, and an http::HeaderMap works the same.
-        let upper = vec![("Webhook-Id", id), ("WEBHOOK-TIMESTAMP", ts.as_str()), ("Webhook-Signature", good)];
+        let upper = [("Webhook-Id", id), ("WEBHOOK-TIMESTAMP", ts.as_str()), ("Webhook-Signature", good)];
         assert!(v.verify_at(&upper[..], body.as_bytes(), 1614265330).is_ok());
         let mut map = http::HeaderMap::new();
         map.insert("webhook-id", id.parse().unwrap());

@@ -43,6 +43,9 @@ fn signed(secrets: &[&str], id: &str, ts: i64, body: &str) -> Vec<(&'static str,
     vec![("webhook-id", id.to_string()), ("webhook-timestamp", ts.to_string()), ("webhook-signature", sig)]
 }
 
+/// Headers, body, then the expected status, error code and header at fault.
+type Case<'a> = (Vec<(&'a str, String)>, &'a str, u16, &'a str, Option<&'a str>);
+
 fn error(text: &str) -> (String, Option<String>) {
     let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
     (v["error"]["code"].as_str().unwrap().to_string(), v["error"]["header"].as_str().map(str::to_string))
@@ -60,7 +63,7 @@ async fn accepts_authentic_requests_and_names_what_is_wrong_with_others() {
     let (status, _) = send(&url, &signed(&[NEW_SECRET, SECRET], "dlv_2", ts, body), body).await;
     assert_eq!(status, 200);
 
-    let cases: Vec<(Vec<(&str, String)>, &str, u16, &str, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         (signed(&[SECRET], "dlv_1", ts, body), r#"{"n": 8}"#, 401, "no_matching_signature", Some("webhook-signature")),
         (signed(&[NEW_SECRET], "dlv_1", ts, body), body, 401, "no_matching_signature", Some("webhook-signature")),
         (signed(&[SECRET], "dlv_1", ts - 301, body), body, 401, "timestamp_too_old", Some("webhook-timestamp")),

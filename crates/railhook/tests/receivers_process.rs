@@ -224,7 +224,7 @@ async fn each_example_receiver_has_one_effect_per_delivery_sent_twice() {
 
     // Each receiver starts with the secret its Endpoint is created with (the "old" one).
     let old_secrets: Vec<String> = (0..3).map(|_| EndpointSecret::generate().as_str().to_string()).collect();
-    let receivers = vec![
+    let receivers = [
         python_receiver(receiver_database(&db, "python").await, &old_secrets[0]).await,
         node_receiver(receiver_database(&db, "node").await, &old_secrets[1]).await,
         rust_receiver(receiver_database(&db, "rust").await, &old_secrets[2]).await,
