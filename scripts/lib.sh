@@ -73,3 +73,28 @@ ensure_chaos_tools() {
 # The `cargo` target directory, shared by every checkout of this machine when
 # CARGO_TARGET_DIR is set; ./target otherwise.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The receiver kit's example receivers (examples/receiver-python, examples/receiver-node),
+# which crates/railhook/tests/receivers_process.rs starts against a running Railhook: their
+# pinned packages, installed beside them (gitignored) and again only when the pins change.
+# Python: a venv with examples/receiver-python/requirements.txt (standardwebhooks, psycopg).
+# Node: `npm ci` from examples/receiver-node/package-lock.json (standardwebhooks, pg).
+ensure_receiver_examples() {
+  local py="$ROOT/examples/receiver-python" node="$ROOT/examples/receiver-node"
+  command -v python3 >/dev/null 2>&1 || ensure_apt python3
+  python3 -c 'import venv, ensurepip' 2>/dev/null || ensure_apt python3-venv
+  if ! cmp -s "$py/requirements.txt" "$py/.venv/installed-requirements.txt"; then
+    log "installing the Python example receiver's packages (examples/receiver-python/.venv)"
+    rm -rf "$py/.venv"
+    python3 -m venv "$py/.venv"
+    "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
+    cp "$py/requirements.txt" "$py/.venv/installed-requirements.txt"
+  fi
+  command -v node >/dev/null 2>&1 || ensure_apt nodejs
+  command -v npm >/dev/null 2>&1 || ensure_apt npm
+  if ! cmp -s "$node/package-lock.json" "$node/node_modules/installed-package-lock.json"; then
+    log "installing the Node example receiver's packages (examples/receiver-node/node_modules)"
+    (cd "$node" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    cp "$node/package-lock.json" "$node/node_modules/installed-package-lock.json"
+  fi
+}

@@ -10,6 +10,7 @@ use railhook_config::{Config, FileSource, Overrides};
 mod commands;
 mod project_data;
 mod replay_cmd;
+mod verify_cmd;
 
 /// Railhook: a self-hosted webhook gateway. Events POSTed to the API are written to Postgres
 /// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
@@ -85,6 +86,9 @@ enum Command {
     /// count), follow with a progress bar, status, cancel, list. Needs a project API key in
     /// RAILHOOK_API_KEY; --api-url (default http://<api.listen>).
     Replay(replay_cmd::ReplayArgs),
+    /// Check a captured request's Standard Webhooks signature (webhook-id, webhook-timestamp,
+    /// webhook-signature) with an Endpoint's secret(s): exit 0 valid, 1 not valid, 2 bad input.
+    Verify(verify_cmd::VerifyArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -161,6 +165,10 @@ fn main() -> ExitCode {
 }
 
 fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    // Needs no configuration: it runs where a request was captured, maybe without railhook.toml.
+    if let Command::Verify(args) = &cli.command {
+        return Ok(verify_cmd::run(args));
+    }
     let mut overrides = Overrides::default();
     if let Some(url) = &cli.global.database_url {
         overrides.set("database.url", url);
