@@ -73,3 +73,23 @@ ensure_chaos_tools() {
 # The `cargo` target directory, shared by every checkout of this machine when
 # CARGO_TARGET_DIR is set; ./target otherwise.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# ---------------------------------------------------------------------------------------
+# helm, for the chart in deploy/helm/railhook (scripts/test lints and renders it; tests/helm.rs
+# reads the rendered YAML). Built with `go install` from the Go module proxy into
+# .local/helm/bin, like toxiproxy above; no download from helm.sh. kubeconform is not
+# installed: it fetches the Kubernetes JSON schemas from GitHub at run time (docs/OPERATIONS.md).
+HELM_VERSION="v4.3.2"
+HELM_BIN="$STATE/helm/bin/helm"
+ensure_helm() {
+  if [ ! -x "$HELM_BIN" ] || ! "$HELM_BIN" version 2>/dev/null | grep -q "$HELM_VERSION"; then
+    if ! command -v go >/dev/null 2>&1; then
+      [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+    fi
+    command -v go >/dev/null 2>&1 || ensure_apt golang-go
+    log "installing helm $HELM_VERSION (go install helm.sh/helm/v4/cmd/helm)"
+    mkdir -p "$(dirname "$HELM_BIN")"
+    GOBIN="$(dirname "$HELM_BIN")" go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+  fi
+  export RAILHOOK_HELM="$HELM_BIN"
+}
