@@ -74,7 +74,7 @@ async fn doctor_with(config: &Config, args: &[&str], env: &[(&str, String)]) -> 
         .await
         .expect("run railhook doctor");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let report = serde_json::from_str(&stdout)
+    let report: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("doctor --json printed no JSON ({e}): {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
     let code = out.status.code().unwrap_or(-1);
     assert_eq!(report["exit_code"], code, "{stdout}");
@@ -103,9 +103,12 @@ async fn private_cluster(settings: &[(&str, &str)]) -> (PgCluster, Config) {
     (pg, config)
 }
 
-async fn alter_system(pg: &mut PgCluster, sql: &str, restart: bool) {
+/// Runs each statement on its own (ALTER SYSTEM refuses a transaction block), then restarts.
+async fn alter_system(pg: &mut PgCluster, statements: &[&str], restart: bool) {
     let client = railhook_testkit::connect(&pg.url("postgres")).await.expect("connect to the private cluster");
-    client.batch_execute(sql).await.expect(sql);
+    for sql in statements {
+        client.batch_execute(sql).await.expect(sql);
+    }
     drop(client);
     if restart {
         pg.fast_restart().await;
@@ -226,7 +229,7 @@ async fn wal_level_replica_is_a_problem_until_set_to_logical() {
     let line = text.lines().find(|l| l.contains("wal_level ")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.starts_with("PROBLEM") && line.contains("wal_level is replica") && line.contains("; set wal_level = logical"), "{line}");
 
-    alter_system(&mut pg, "ALTER SYSTEM RESET wal_level", true).await;
+    alter_system(&mut pg, &["ALTER SYSTEM RESET wal_level"], true).await;
     doctor(&config, &[]).await.assert_ok("wal_level");
 }
 
@@ -237,7 +240,7 @@ async fn no_replication_slots_is_a_problem_until_raised() {
     d.assert_problem("max_replication_slots", "max_replication_slots is 0", "set max_replication_slots");
     d.assert_ok("wal_level");
 
-    alter_system(&mut pg, "ALTER SYSTEM RESET max_replication_slots", true).await;
+    alter_system(&mut pg, &["ALTER SYSTEM RESET max_replication_slots"], true).await;
     doctor(&config, &[]).await.assert_ok("max_replication_slots");
 }
 
@@ -247,7 +250,7 @@ async fn no_walsenders_is_a_problem_until_raised() {
     let d = doctor(&config, &[]).await;
     d.assert_problem("max_wal_senders", "max_wal_senders is 0", "set max_wal_senders");
 
-    alter_system(&mut pg, "ALTER SYSTEM RESET max_wal_senders", true).await;
+    alter_system(&mut pg, &["ALTER SYSTEM RESET max_wal_senders"], true).await;
     doctor(&config, &[]).await.assert_ok("max_wal_senders");
 }
 
@@ -261,7 +264,7 @@ async fn unlimited_max_slot_wal_keep_size_is_a_problem_until_set() {
     d.assert_ok("wal_level");
 
     // A reload is enough, as the fix says.
-    alter_system(&mut pg, "ALTER SYSTEM SET max_slot_wal_keep_size = '4GB'; SELECT pg_reload_conf()", false).await;
+    alter_system(&mut pg, &["ALTER SYSTEM SET max_slot_wal_keep_size = '4GB'", "SELECT pg_reload_conf()"], false).await;
     let d = eventually(Duration::from_secs(10), "the reloaded setting", || {
         let config = &config;
         async move {
@@ -354,12 +357,13 @@ async fn a_slot_behind_the_wal_is_a_problem() {
     assert!(d.check("slot_lag")["detail"].as_str().unwrap().contains("behind the WAL (more than 1.0 MiB)"), "{}", d.stdout);
     d.assert_ok("slot");
 
-    // Confirmed up to now, the slot is level again.
+    // Confirmed up to now, the slot is level again (against a limit that the WAL other tests
+    // and other users of the shared server write meanwhile cannot reach: 64 MiB).
     client
         .execute("SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", &[&config.relay.slot_name])
         .await
         .unwrap();
-    doctor(&config, &["--max-slot-lag-bytes", "1048576"]).await.assert_ok("slot_lag");
+    doctor(&config, &["--max-slot-lag-bytes", "67108864"]).await.assert_ok("slot_lag");
     drop_slot(&db, &config).await;
 }
 
