@@ -82,7 +82,8 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 HELM_VERSION="v4.3.2"
 HELM_BIN="$STATE/helm/bin/helm"
 ensure_helm() {
-  if [ ! -x "$HELM_BIN" ] || ! "$HELM_BIN" version 2>/dev/null | grep -q "$HELM_VERSION"; then
+  # `go install` leaves the patch version out of `helm version`; the file beside it says which.
+  if [ ! -x "$HELM_BIN" ] || [ "$(cat "$STATE/helm/version" 2>/dev/null)" != "$HELM_VERSION" ]; then
     if ! command -v go >/dev/null 2>&1; then
       [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
     fi
@@ -90,6 +91,7 @@ ensure_helm() {
     log "installing helm $HELM_VERSION (go install helm.sh/helm/v4/cmd/helm)"
     mkdir -p "$(dirname "$HELM_BIN")"
     GOBIN="$(dirname "$HELM_BIN")" go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+    echo "$HELM_VERSION" >"$STATE/helm/version"
   fi
   export RAILHOOK_HELM="$HELM_BIN"
 }

@@ -114,7 +114,7 @@ spec:
       annotations:
         checksum/config: {{ toYaml $ctx.Values.config | sha256sum }}
     spec:
-      {{- include "railhook.podSpec" $ctx | nindent 6 }}
+      {{- include "railhook.podSpec" $ctx | trim | nindent 6 }}
       {{- with .values.terminationGracePeriodSeconds }}
       terminationGracePeriodSeconds: {{ . }}
       {{- end }}
