@@ -140,9 +140,10 @@ pub struct TopicLayout {
     pub min_replicas: usize,
 }
 
-/// The partition count and replication of each of `topics`, from one metadata request for
-/// every topic (asking for a topic by name would create it where the brokers auto-create).
-pub async fn topic_layouts(kafka: &KafkaConfig, topics: &[String], timeout: Duration) -> Result<Vec<TopicLayout>, KafkaError> {
+/// The brokers the cluster lists and the layout of each of `topics`, from one metadata
+/// request for every topic (asking for a topic by name would create it where the brokers
+/// auto-create topics).
+pub async fn topic_layouts(kafka: &KafkaConfig, topics: &[String], timeout: Duration) -> Result<(usize, Vec<TopicLayout>), KafkaError> {
     let config = client_config(kafka);
     let brokers = kafka.brokers.clone();
     let topics = topics.to_vec();
@@ -151,7 +152,7 @@ pub async fn topic_layouts(kafka: &KafkaConfig, topics: &[String], timeout: Dura
         let metadata = consumer
             .fetch_metadata(None, timeout)
             .map_err(|e| KafkaError::Unreachable { brokers: brokers.clone(), message: e.to_string() })?;
-        Ok(topics
+        let layouts = topics
             .iter()
             .map(|name| match metadata.topics().iter().find(|t| t.name() == name && t.error().is_none()) {
                 Some(t) => TopicLayout {
@@ -162,7 +163,8 @@ pub async fn topic_layouts(kafka: &KafkaConfig, topics: &[String], timeout: Dura
                 },
                 None => TopicLayout { topic: name.clone(), exists: false, partitions: 0, min_replicas: 0 },
             })
-            .collect())
+            .collect();
+        Ok((metadata.brokers().len(), layouts))
     })
     .await
     .map_err(|e| KafkaError::Unreachable { brokers: kafka.brokers.clone(), message: e.to_string() })?

@@ -184,17 +184,31 @@ async fn examine(config: &Config, args: &DoctorArgs) -> Report {
         }
     };
     match client {
-        Some(client) => match postgres_checks(&client, config, args).await {
-            Ok(mut found) => checks.append(&mut found),
-            Err(e) => {
-                checks.push(Check::problem(
+        Some(client) => {
+            // The checks take a few round trips; a server that stops answering midway is
+            // given the same time again, not forever.
+            let failed = match tokio::time::timeout(timeout * 2, postgres_checks(&client, config, args)).await {
+                Ok(Ok(mut found)) => {
+                    checks.append(&mut found);
+                    None
+                }
+                Ok(Err(e)) => Some(Check::problem(
                     "postgres",
                     format!("connected to {url}, but a query failed: {e}"),
-                    "the database role in database.url must be able to read pg_settings, pg_replication_slots and pg_stat_replication (a superuser, or pg_monitor)",
-                ));
+                    "the role in database.url must be able to read pg_settings, pg_replication_slots and pg_stat_replication (the relay's role can; else grant pg_monitor)",
+                )),
+                Err(_) => Some(Check::problem(
+                    "postgres",
+                    format!("connected to {url}, but it stopped answering within {} s", (timeout * 2).as_secs()),
+                    "check the server's load and locks (pg_stat_activity)",
+                )),
+            };
+            if let Some(problem) = failed {
+                checks.push(problem);
+                checks.extend(POSTGRES_CHECKS.iter().map(|name| Check::skipped(name, "the checks of Postgres did not finish")));
                 unreachable = true;
             }
-        },
+        }
         None => {
             unreachable = true;
             checks.extend(POSTGRES_CHECKS.iter().map(|name| Check::skipped(name, "no connection to Postgres")));
@@ -524,8 +538,8 @@ async fn kafka_checks(config: &Config, args: &DoctorArgs, timeout: Duration) -> 
     let kafka = &config.kafka;
     let topics = [("deliveries_topic", config.deliveries_topic(), "kafka.deliveries_topic"), ("forwards_topic", config.forwards_topic(), "kafka.forwards_topic")];
     let names: Vec<String> = topics.iter().map(|(_, t, _)| t.clone()).collect();
-    let layouts = match railhook_kafka::topic_layouts(kafka, &names, timeout).await {
-        Ok(l) => l,
+    let (brokers, layouts) = match railhook_kafka::topic_layouts(kafka, &names, timeout).await {
+        Ok(found) => found,
         Err(e) => {
             let mut checks = vec![Check::problem(
                 "kafka",
@@ -536,7 +550,6 @@ async fn kafka_checks(config: &Config, args: &DoctorArgs, timeout: Duration) -> 
             return (checks, false);
         }
     };
-    let brokers = railhook_kafka::check_reachable(kafka, timeout).await.unwrap_or(0);
     let mut checks = vec![Check::ok("kafka", format!("{brokers} broker(s) at {}", kafka.brokers))];
     for ((check, topic, key), layout) in topics.iter().zip(layouts) {
         let (want, replicas) = (kafka.partitions.max(1) as usize, kafka.replication_factor.max(1) as usize);
