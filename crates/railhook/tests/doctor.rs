@@ -368,6 +368,42 @@ async fn a_slot_behind_the_wal_is_a_problem() {
 }
 
 #[tokio::test]
+async fn a_lost_slot_is_a_problem() {
+    // A private cluster: invalidating a slot needs max_slot_wal_keep_size at 1 MB and
+    // checkpoints, which the shared server must not see.
+    let (pg, config) = private_cluster(&[("max_slot_wal_keep_size", "1MB")]).await;
+    let client = railhook_testkit::connect(&pg.url("postgres")).await.unwrap();
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.relay.slot_name]).await.unwrap();
+    doctor(&config, &[]).await.assert_ok("slot");
+    eventually(Duration::from_secs(60), "the slot invalidated", || {
+        let (client, slot) = (&client, &config.relay.slot_name);
+        async move {
+            // Each switch starts a new 16 MB segment; the checkpoint invalidates the slot
+            // that needs more than 1 MB of them (as the chaos suite's lost slot).
+            for _ in 0..4 {
+                client.batch_execute("SELECT pg_logical_emit_message(false, 'doctor-test', 'filler')").await.ok()?;
+                client.batch_execute("SELECT pg_switch_wal()").await.ok()?;
+            }
+            client.batch_execute("CHECKPOINT").await.ok()?;
+            let row = client.query_opt("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[slot]).await.ok()??;
+            (row.get::<_, Option<String>>(0).as_deref() == Some("lost")).then_some(())
+        }
+    })
+    .await;
+    let d = doctor(&config, &[]).await;
+    d.assert_problem("slot", "is lost (wal_status lost)", "it recreates the slot and re-announces the pending Deliveries");
+    assert_eq!(d.verdict("slot_lag"), "skipped");
+    assert_eq!(d.verdict("relay_streaming"), "skipped");
+    let d = doctor_with(&config, &[], &[("RAILHOOK_RELAY__RECREATE_LOST_SLOT", "false".into())]).await;
+    d.assert_problem("slot", "is lost", "railhook slot drop --confirm");
+
+    // What the relay does about it: drop and create again.
+    client.execute("SELECT pg_drop_replication_slot($1)", &[&config.relay.slot_name]).await.unwrap();
+    client.execute("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.relay.slot_name]).await.unwrap();
+    doctor(&config, &[]).await.assert_ok("slot");
+}
+
+#[tokio::test]
 async fn missing_topics_and_too_few_partitions_are_problems() {
     let db = TestDb::new().await;
     let config = test_config(&db);
