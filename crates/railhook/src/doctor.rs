@@ -541,9 +541,13 @@ async fn kafka_checks(config: &Config, args: &DoctorArgs, timeout: Duration) -> 
     let (brokers, layouts) = match railhook_kafka::topic_layouts(kafka, &names, timeout).await {
         Ok(found) => found,
         Err(e) => {
+            let why = match e {
+                railhook_kafka::KafkaError::Unreachable { message, .. } => message,
+                other => other.to_string(),
+            };
             let mut checks = vec![Check::problem(
                 "kafka",
-                format!("no answer from the brokers {}: {e}", kafka.brokers),
+                format!("no answer from the brokers {}: {why}", kafka.brokers),
                 "check kafka.brokers (RAILHOOK_KAFKA_BROKERS), that the brokers run and that this host reaches the addresses they advertise (advertised.listeners); TLS and SASL settings go in kafka.properties",
             )];
             checks.extend(topics.iter().map(|(check, _, _)| Check::skipped(check, "no connection to Kafka")));
