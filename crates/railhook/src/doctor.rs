@@ -592,3 +592,23 @@ async fn kafka_checks(config: &Config, args: &DoctorArgs, timeout: Duration) -> 
     }
     (checks, true)
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every runbook section a fix points at exists.
+    #[test]
+    fn runbook_links_resolve() {
+        let runbook = include_str!("../../../docs/RUNBOOK.md");
+        let anchors: Vec<String> = runbook.lines().filter_map(|l| l.strip_prefix("## ")).map(|h| h.trim().to_ascii_lowercase().replace(' ', "-")).collect();
+        let mut links = 0;
+        for after in include_str!("doctor.rs").split("docs/RUNBOOK.md#").skip(1) {
+            let anchor: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+            if anchor.is_empty() {
+                continue; // this test's own pattern
+            }
+            assert!(anchors.contains(&anchor), "docs/RUNBOOK.md has no section #{anchor}");
+            links += 1;
+        }
+        assert!(links >= 6, "{links} runbook links");
+    }
+}
