@@ -2,6 +2,9 @@
 //! panel's query names is one `railhook all` exports on /metrics once an Event went through
 //! it (a histogram's `_bucket`, `_sum` and `_count` series count as the histogram).
 //!
+//! Every query is also parsed by `promtool check rules` (as a recording rule, with Grafana's
+//! `$__rate_interval` as 5m) where promtool is installed (`scripts/test` installs it).
+//!
 //! A few labelled counters have no series until what they count happens (a Deferral, a
 //! sweep, a circuit change, an incoming webhook, a Forward, a retention delete); a Prometheus
 //! client exports nothing for them before that. For those the test checks that the binary's
@@ -113,6 +116,26 @@ fn the_dashboard_is_well_formed() {
         metric_names("histogram_quantile(0.99, sum by (le) (rate(railhook_a_bucket[5m]))) / railhook_b{x=\"railhook_c\"}"),
         ["railhook_a_bucket", "railhook_b", "railhook_c"].iter().map(|s| s.to_string()).collect()
     );
+}
+
+#[test]
+fn every_query_is_promql() {
+    let Ok(out) = std::process::Command::new("promtool").arg("--version").output() else {
+        eprintln!("promtool is not installed (scripts/test installs it); the queries were not parsed");
+        return;
+    };
+    assert!(out.status.success());
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(repo("deploy/grafana/railhook.json")).unwrap()).unwrap();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, (_, expr)) in queries(&dashboard).iter().enumerate() {
+        let expr = expr.replace("$__rate_interval", "5m");
+        rules.push_str(&format!("      - record: railhook_dashboard:query{i}\n        expr: {}\n", serde_json::to_string(&expr).unwrap()));
+    }
+    let path = std::env::temp_dir().join(format!("railhook-dashboard-{}.yml", std::process::id()));
+    std::fs::write(&path, rules).unwrap();
+    let out = std::process::Command::new("promtool").arg("check").arg("rules").arg(&path).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 #[tokio::test]
