@@ -306,6 +306,12 @@ async fn a_missing_or_wrong_publication_is_a_problem() {
     // Unless the relay is told not to create it.
     let d = doctor_with(&config, &["--preflight"], &[("RAILHOOK_RELAY__CREATE_SLOT", "false".into())]).await;
     d.assert_problem("publication", "relay.create_slot = false", "CREATE PUBLICATION");
+    // The polling relay reads the table, not the WAL: no publication, slot or WAL setting needed.
+    let d = doctor_with(&config, &["--preflight"], &[("RAILHOOK_RELAY__MODE", "poll".into())]).await;
+    for name in ["wal_level", "max_slot_wal_keep_size", "publication", "slot", "slot_lag", "relay_streaming"] {
+        assert_eq!(d.verdict(name), "skipped", "{name} in poll mode: {}", d.stdout);
+    }
+    d.assert_ok("migrations");
 
     let client = db.client().await;
     client.batch_execute("CREATE PUBLICATION railhook_outbox FOR TABLE outbox").await.unwrap();
