@@ -98,3 +98,29 @@ ensure_receiver_examples() {
     cp "$node/package-lock.json" "$node/node_modules/installed-package-lock.json"
   fi
 }
+
+# ---------------------------------------------------------------------------------------
+# helm, for the chart in deploy/helm/railhook (scripts/test lints and renders it; tests/helm.rs
+# reads the rendered YAML). Built with `go install` from the Go module proxy into
+# .local/helm/bin, like toxiproxy above; no download from helm.sh. Beside it
+# railhook-chart-validate (deploy/helm/validate, Go 1.26): decodes the rendered objects strictly
+# into the Kubernetes API types, in place of kubeconform, which fetches its JSON schemas from
+# GitHub at run time (docs/OPERATIONS.md). Rebuilt each time; Go's build cache makes that quick.
+HELM_VERSION="v4.3.2"
+HELM_BIN="$STATE/helm/bin/helm"
+ensure_helm() {
+  if ! command -v go >/dev/null 2>&1; then
+    [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+  fi
+  command -v go >/dev/null 2>&1 || ensure_apt golang-go
+  # `go install` leaves the patch version out of `helm version`; the file beside it says which.
+  if [ ! -x "$HELM_BIN" ] || [ "$(cat "$STATE/helm/version" 2>/dev/null)" != "$HELM_VERSION" ]; then
+    log "installing helm $HELM_VERSION (go install helm.sh/helm/v4/cmd/helm)"
+    mkdir -p "$(dirname "$HELM_BIN")"
+    GOBIN="$(dirname "$HELM_BIN")" go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+    echo "$HELM_VERSION" >"$STATE/helm/version"
+  fi
+  (cd "$ROOT/deploy/helm/validate" && go build -o "$STATE/helm/bin/railhook-chart-validate" .) >&2
+  export RAILHOOK_HELM="$HELM_BIN"
+  export RAILHOOK_CHART_VALIDATE="$STATE/helm/bin/railhook-chart-validate"
+}

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use railhook_config::{Config, FileSource, Overrides};
 
 mod commands;
+mod doctor;
 mod project_data;
 mod replay_cmd;
 mod verify_cmd;
@@ -89,6 +90,12 @@ enum Command {
     /// Check a captured request's Standard Webhooks signature (webhook-id, webhook-timestamp,
     /// webhook-signature) with an Endpoint's secret(s): exit 0 valid, 1 not valid, 2 bad input.
     Verify(verify_cmd::VerifyArgs),
+    /// Check what Railhook needs of Postgres (wal_level, replication slots and walsenders,
+    /// max_slot_wal_keep_size, migrations, the publication, the slot, its lag and its relay),
+    /// of Kafka (the topics and their partitions) and of this host's clock; one line per check
+    /// with the fix for each problem. Exits 0 when all is well, 1 on a problem, 2 when Postgres
+    /// or Kafka cannot be reached.
+    Doctor(doctor::DoctorArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -212,6 +219,7 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Slot { command: SlotCommand::Status { json, max_inactive } } => commands::slot_status(&config, json, max_inactive).await,
             Command::Slot { command: SlotCommand::Drop { confirm } } => commands::slot_drop(&config, confirm).await,
             Command::Replay(args) => replay_cmd::run(&config, args).await,
+            Command::Doctor(args) => doctor::run(&config, args).await,
             Command::Admin { command } => match command {
                 AdminCommand::CreateOrg { name } => commands::admin_create_org(&config, &name).await,
                 AdminCommand::CreateProject { org, name } => commands::admin_create_project(&config, &org, &name).await,
