@@ -40,7 +40,7 @@ mod dedupe;
 
 pub use headers::{WebhookHeaders, SIGNATURE_HEADER, ID_HEADER, TIMESTAMP_HEADER};
 pub use secret::{Secret, SecretError, SECRET_PREFIX};
-pub use verifier::{verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
+pub use verifier::{check_signatures, verify, Verified, Verifier, VerifyError, DEFAULT_TOLERANCE};
 
 #[cfg(feature = "axum")]
 pub use extract::{VerifiedWebhook, WebhookRejection};

@@ -146,46 +146,63 @@ impl Verifier {
             .ok()
             .filter(|_| timestamp_text.trim().bytes().all(|b| b.is_ascii_digit() || b == b'-'))
             .ok_or_else(|| VerifyError::InvalidTimestamp(timestamp_text.chars().take(40).collect()))?;
-        let tolerance = self.tolerance.as_secs();
-        let distance = now.abs_diff(timestamp);
-        if distance > tolerance {
-            return Err(if timestamp < now {
-                VerifyError::TooOld { timestamp, age: distance, tolerance }
-            } else {
-                VerifyError::TooNew { timestamp, ahead: distance, tolerance }
-            });
-        }
-
-        let expected: Vec<_> = self.secrets.iter().map(|s| s.keyed(id, timestamp, body)).collect();
-        let (mut entries, mut malformed, mut saw_v1) = (0usize, false, false);
-        for entry in signatures.split(' ').filter(|e| !e.is_empty()) {
-            entries += 1;
-            let Some((version, signature)) = entry.split_once(',') else {
-                malformed = true;
-                continue;
-            };
-            if version != "v1" {
-                continue;
-            }
-            saw_v1 = true;
-            let Ok(tag) = LENIENT.decode(signature) else {
-                malformed = true;
-                continue;
-            };
-            if expected.iter().any(|mac| mac.clone().verify_slice(&tag).is_ok()) {
-                return Ok(Verified { id: id.to_string(), timestamp });
-            }
-        }
-        Err(if entries == 0 {
-            VerifyError::NoSignatures
-        } else if malformed {
-            VerifyError::MalformedSignature
-        } else if saw_v1 {
-            VerifyError::NoMatchingSignature
-        } else {
-            VerifyError::NoSupportedVersion
-        })
+        check_signatures(&self.secrets, id, timestamp, signatures, body, now, self.tolerance.as_secs())?;
+        Ok(Verified { id: id.to_string(), timestamp })
     }
+}
+
+/// The checks after the headers were read: `timestamp` within `tolerance_secs` of `now` (unix
+/// seconds, inclusive, either direction, overflow-free), then the space-separated `v1,<base64>`
+/// entries of `signatures` against each secret's HMAC of `{id}.{timestamp}.{body}` (other
+/// versions skipped, constant-time comparisons, the HMAC of the body computed once per
+/// secret). The error says the first thing wrong: [`VerifyError::TooOld`] or
+/// [`VerifyError::TooNew`]; then, when nothing matched, [`VerifyError::NoSignatures`] for an
+/// empty header, [`VerifyError::MalformedSignature`] if an entry lacked its `,` or a `v1`
+/// entry was not base64, [`VerifyError::NoMatchingSignature`] if there was a `v1` entry,
+/// else [`VerifyError::NoSupportedVersion`]. Never panics.
+///
+/// [`Verifier`] calls it after reading the three headers; Railhook's own ingress (Standard
+/// Webhooks Sources, `railhook_core::signing::verify`) calls it with the parts it read.
+pub fn check_signatures(secrets: &[Secret], id: &str, timestamp: i64, signatures: &str, body: &[u8], now: i64, tolerance_secs: u64) -> Result<(), VerifyError> {
+    let tolerance = tolerance_secs;
+    let distance = now.abs_diff(timestamp);
+    if distance > tolerance {
+        return Err(if timestamp < now {
+            VerifyError::TooOld { timestamp, age: distance, tolerance }
+        } else {
+            VerifyError::TooNew { timestamp, ahead: distance, tolerance }
+        });
+    }
+
+    let expected: Vec<_> = secrets.iter().map(|s| s.keyed(id, timestamp, body)).collect();
+    let (mut entries, mut malformed, mut saw_v1) = (0usize, false, false);
+    for entry in signatures.split(' ').filter(|e| !e.is_empty()) {
+        entries += 1;
+        let Some((version, signature)) = entry.split_once(',') else {
+            malformed = true;
+            continue;
+        };
+        if version != "v1" {
+            continue;
+        }
+        saw_v1 = true;
+        let Ok(tag) = LENIENT.decode(signature) else {
+            malformed = true;
+            continue;
+        };
+        if expected.iter().any(|mac| mac.clone().verify_slice(&tag).is_ok()) {
+            return Ok(());
+        }
+    }
+    Err(if entries == 0 {
+        VerifyError::NoSignatures
+    } else if malformed {
+        VerifyError::MalformedSignature
+    } else if saw_v1 {
+        VerifyError::NoMatchingSignature
+    } else {
+        VerifyError::NoSupportedVersion
+    })
 }
 
 /// Verifies a request against `secrets` with the [`DEFAULT_TOLERANCE`] and the system clock.
