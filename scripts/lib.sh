@@ -73,3 +73,54 @@ ensure_chaos_tools() {
 # The `cargo` target directory, shared by every checkout of this machine when
 # CARGO_TARGET_DIR is set; ./target otherwise.
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The receiver kit's example receivers (examples/receiver-python, examples/receiver-node),
+# which crates/railhook/tests/receivers_process.rs starts against a running Railhook: their
+# pinned packages, installed beside them (gitignored) and again only when the pins change.
+# Python: a venv with examples/receiver-python/requirements.txt (standardwebhooks, psycopg).
+# Node: `npm ci` from examples/receiver-node/package-lock.json (standardwebhooks, pg).
+ensure_receiver_examples() {
+  local py="$ROOT/examples/receiver-python" node="$ROOT/examples/receiver-node"
+  command -v python3 >/dev/null 2>&1 || ensure_apt python3
+  python3 -c 'import venv, ensurepip' 2>/dev/null || ensure_apt python3-venv
+  if ! cmp -s "$py/requirements.txt" "$py/.venv/installed-requirements.txt"; then
+    log "installing the Python example receiver's packages (examples/receiver-python/.venv)"
+    rm -rf "$py/.venv"
+    python3 -m venv "$py/.venv"
+    "$py/.venv/bin/pip" install -q --disable-pip-version-check -r "$py/requirements.txt"
+    cp "$py/requirements.txt" "$py/.venv/installed-requirements.txt"
+  fi
+  command -v node >/dev/null 2>&1 || ensure_apt nodejs
+  command -v npm >/dev/null 2>&1 || ensure_apt npm
+  if ! cmp -s "$node/package-lock.json" "$node/node_modules/installed-package-lock.json"; then
+    log "installing the Node example receiver's packages (examples/receiver-node/node_modules)"
+    (cd "$node" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    cp "$node/package-lock.json" "$node/node_modules/installed-package-lock.json"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------
+# helm, for the chart in deploy/helm/railhook (scripts/test lints and renders it; tests/helm.rs
+# reads the rendered YAML). Built with `go install` from the Go module proxy into
+# .local/helm/bin, like toxiproxy above; no download from helm.sh. Beside it
+# railhook-chart-validate (deploy/helm/validate, Go 1.26): decodes the rendered objects strictly
+# into the Kubernetes API types, in place of kubeconform, which fetches its JSON schemas from
+# GitHub at run time (docs/OPERATIONS.md). Rebuilt each time; Go's build cache makes that quick.
+HELM_VERSION="v4.3.2"
+HELM_BIN="$STATE/helm/bin/helm"
+ensure_helm() {
+  if ! command -v go >/dev/null 2>&1; then
+    [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+  fi
+  command -v go >/dev/null 2>&1 || ensure_apt golang-go
+  # `go install` leaves the patch version out of `helm version`; the file beside it says which.
+  if [ ! -x "$HELM_BIN" ] || [ "$(cat "$STATE/helm/version" 2>/dev/null)" != "$HELM_VERSION" ]; then
+    log "installing helm $HELM_VERSION (go install helm.sh/helm/v4/cmd/helm)"
+    mkdir -p "$(dirname "$HELM_BIN")"
+    GOBIN="$(dirname "$HELM_BIN")" go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+    echo "$HELM_VERSION" >"$STATE/helm/version"
+  fi
+  (cd "$ROOT/deploy/helm/validate" && go build -o "$STATE/helm/bin/railhook-chart-validate" .) >&2
+  export RAILHOOK_HELM="$HELM_BIN"
+  export RAILHOOK_CHART_VALIDATE="$STATE/helm/bin/railhook-chart-validate"
+}

@@ -23,10 +23,14 @@ fn strings(v: &Value) -> Vec<String> {
 fn compose_has_the_whole_topology() {
     let c = compose();
     let services = c["services"].as_mapping().expect("services");
-    for name in ["postgres", "kafka", "migrate", "api", "relay", "worker"] {
+    for name in ["postgres", "kafka", "migrate", "api", "relay", "worker", "doctor"] {
         assert!(services.contains_key(name), "service {name} missing");
     }
-    for (name, sub) in [("migrate", "migrate"), ("api", "api"), ("relay", "relay"), ("worker", "worker")] {
+    // Nothing beyond them, so a new component is added here on purpose.
+    assert_eq!(services.len(), 7, "{:?}", services.keys().collect::<Vec<_>>());
+    // Active relay + hot standby.
+    assert_eq!(c["services"]["relay"]["deploy"]["replicas"].as_u64(), Some(2), "two relays: active and standby");
+    for (name, sub) in [("migrate", "migrate"), ("api", "api"), ("relay", "relay"), ("worker", "worker"), ("doctor", "doctor")] {
         let cmd = strings(&c["services"][name]["command"]);
         assert_eq!(cmd.first().map(String::as_str), Some(sub), "{name} runs `railhook {sub}`");
         assert_eq!(c["services"][name]["build"]["dockerfile"].as_str(), Some("infra/docker/Dockerfile"));
@@ -78,4 +82,40 @@ fn ci_runs_the_readme_test_command() {
     assert!(ci.lines().any(|l| l.trim() == "exec scripts/test"), ".ci/run must call scripts/test");
     let readme = read("README.md");
     assert!(readme.contains("scripts/test") && readme.contains("scripts/demo"));
+}
+
+/// Every `RAILHOOK_*` variable a Railhook service gets names a setting the binary reads, and
+/// its health check asks `/readyz` on the port the component listens on.
+#[test]
+fn compose_railhook_services_use_real_settings_and_ports() {
+    let c = compose();
+    let defaults = railhook_config::Config::default();
+    let value = toml::Value::try_from(&defaults).unwrap();
+    let keys: Vec<String> = value
+        .as_table()
+        .unwrap()
+        .iter()
+        .flat_map(|(section, table)| table.as_table().unwrap().keys().map(move |k| format!("{section}.{k}")))
+        .collect();
+    for name in ["migrate", "api", "relay", "worker", "doctor"] {
+        let env = c["services"][name]["environment"].as_mapping().unwrap_or_else(|| panic!("{name} has no environment"));
+        for var in env.keys().filter_map(|k| k.as_str()) {
+            if railhook_config::ENV_ALIASES.iter().any(|(alias, _)| *alias == var) {
+                continue;
+            }
+            let key = var.strip_prefix("RAILHOOK_").unwrap_or_else(|| panic!("{name}: {var}")).to_ascii_lowercase().replace("__", ".");
+            assert!(keys.contains(&key), "{name}: {var} names no setting ({key})");
+        }
+        let url = &env[&Value::from("RAILHOOK_DATABASE__URL")];
+        assert!(url.as_str().is_some_and(|u| u.contains("@postgres:5432/")), "{name} reaches the postgres service");
+        assert_eq!(env[&Value::from("RAILHOOK_KAFKA__BROKERS")].as_str(), Some("kafka:9092"), "{name} reaches the kafka service");
+    }
+    for (name, port) in [("api", 8080), ("relay", defaults.relay.ops_listen.port()), ("worker", defaults.worker.ops_listen.port())] {
+        let test = strings(&c["services"][name]["healthcheck"]["test"]).join(" ");
+        assert!(test.contains(&format!("http://127.0.0.1:{port}/readyz")), "{name} health check: {test}");
+    }
+    let api = strings(&c["services"]["api"]["command"]).join(" ");
+    assert!(api.contains("--listen 0.0.0.0:8080"), "{api}");
+    // The API's image has curl for the health checks.
+    assert!(read("infra/docker/Dockerfile").contains("curl"));
 }

@@ -27,30 +27,30 @@ pub mod retention;
 pub use clean::NAMES as CLEAN_PHASES;
 pub use clean::report as clean_phases_alone;
 
-const ENDPOINTS: u64 = 50;
+pub(crate) const ENDPOINTS: u64 = 50;
 const CONNECTIONS: usize = 32;
-const LIGHT_TYPE: &str = "bench.light";
+pub(crate) const LIGHT_TYPE: &str = "bench.light";
 
 /// The event type of request n.
 type EventType = Arc<dyn Fn(u64) -> String + Send + Sync>;
 
-fn one_type(t: &'static str) -> EventType {
+pub(crate) fn one_type(t: &'static str) -> EventType {
     Arc::new(move |_| t.to_string())
 }
 
-fn round_robin() -> EventType {
+pub(crate) fn round_robin() -> EventType {
     Arc::new(|n| format!("bench.e{}", n % ENDPOINTS))
 }
 
-struct Phase {
-    rate: f64,
-    accepted: usize,
+pub(crate) struct Phase {
+    pub(crate) rate: f64,
+    pub(crate) accepted: usize,
     refused: usize,
-    achieved_per_s: f64,
-    delivered: usize,
-    latency: Percentiles,
+    pub(crate) achieved_per_s: f64,
+    pub(crate) delivered: usize,
+    pub(crate) latency: Percentiles,
     drained_in_s: f64,
-    cpu: serde_json::Value,
+    pub(crate) cpu: serde_json::Value,
     /// The worker's counters over the phase: deferrals and busy claims by reason, claims made
     /// again because the Delivery was not visible yet, and the mean claim and finalise batch sizes.
     worker: serde_json::Value,
@@ -63,7 +63,7 @@ impl Phase {
         self.refused == 0 && self.achieved_per_s >= 0.95 * self.rate && self.delivered == self.accepted && self.latency.p99 < 1000.0
     }
 
-    fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "offered_per_s": self.rate, "accepted": self.accepted, "refused": self.refused,
             "deliveries_per_s": self.achieved_per_s, "delivered": self.delivered,
@@ -280,7 +280,7 @@ async fn wait_arrivals(stack: &mut Stack, rx: &Receiver, ids: &[(&str, Instant)]
 }
 
 /// One fixed-rate phase; waits (at most 30 s) for every accepted event's Delivery to arrive.
-async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, event_type: EventType) -> anyhow::Result<Phase> {
+pub(crate) async fn phase(stack: &mut Stack, rx: &Receiver, rate: f64, duration: Duration, event_type: EventType) -> anyhow::Result<Phase> {
     let plan = plan(stack, stack.api_addr, Some(rate), duration, event_type);
     let cpu0 = cpu_snapshot(stack);
     let counters0 = worker_counters(stack).await?;

@@ -27,8 +27,9 @@ mod load;
 mod procs;
 mod relay;
 mod stack;
+mod transports;
 
-const BENCHMARKS: [&str; 8] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "replay", "retention"];
+const BENCHMARKS: [&str; 9] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "replay", "retention"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -64,6 +65,8 @@ pub struct Args {
     pub retention_pause_ms: Option<u64>,
     pub retention_max_busy_percent: Option<u64>,
     pub retention_max_rows_per_second: Option<u64>,
+    /// `transports`' busy rate (events/s over 50 Endpoints).
+    pub transports_busy_rate: f64,
 }
 
 impl Args {
@@ -98,6 +101,7 @@ fn parse_args() -> anyhow::Result<Args> {
         retention_pause_ms: None,
         retention_max_busy_percent: None,
         retention_max_rows_per_second: None,
+        transports_busy_rate: 800.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -116,6 +120,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-max-per-second" => args.replay_max_per_second = Some(it.next().context("--replay-max-per-second needs a value")?.parse().context("--replay-max-per-second: Deliveries per second")?),
             "--replay-no-alternate" => args.replay_no_alternate = true,
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
+            "--transports-busy-rate" => args.transports_busy_rate = it.next().context("--transports-busy-rate needs a value")?.parse().context("--transports-busy-rate: events per second")?,
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
             "--retention-control" => args.retention_control = true,
@@ -147,6 +152,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --retention-control: the steady history expires 30 s after the on window instead of in it (an A/A check of the phase's own bias)");
                 println!("  --retention-batch-target-ms, --retention-pause-ms, --retention-max-busy-percent, --retention-max-rows-per-second:");
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
+                println!("  transports: one `railhook all` on the Kafka transport and one on the inline transport, alternating, 2 rounds each:");
+                println!("    the light rate (200/s, one Endpoint) and --transports-busy-rate (800/s over 50 Endpoints), --duration each; ratios inline/kafka");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -173,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
             "relay_latency" => results.push(relay::relay_latency(&args).await?),
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
             "replay" => results.push(e2e::replay::run(&args).await?),
+            "transports" => results.push(transports::run(&args).await?),
             "retention" => results.push(e2e::retention::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),

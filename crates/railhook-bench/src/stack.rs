@@ -56,6 +56,41 @@ impl Stack {
         Ok(Stack { db, config, api_addr, api_key, procs })
     }
 
+    /// One `railhook all` process on `transport` (issue 32's side-by-side): the API, the relay
+    /// and the worker in one process, their metrics on the API's /metrics (the stack's relay
+    /// and worker metrics addresses point there). Kafka's topics are made first on Kafka;
+    /// inline gets no broker at all.
+    pub async fn start_all(bin: &Path, name: &str, transport: railhook_config::TransportKind) -> anyhow::Result<Stack> {
+        let db = TestDb::new().await;
+        let mut config = test_config(&db);
+        config.database.max_connections = Config::default().database.max_connections;
+        config.kafka.partitions = 6;
+        config.telemetry.log_filter = "warn".into();
+        config.api.listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        config.relay.ops_listen = config.api.listen;
+        config.worker.ops_listen = config.api.listen;
+        match transport {
+            railhook_config::TransportKind::Kafka => {
+                config.transport = railhook_config::Transport::Kafka;
+                railhook_kafka::ensure_topics(&config.kafka, &[config.deliveries_topic(), config.forwards_topic()]).await?;
+            }
+            railhook_config::TransportKind::Inline => {
+                config.transport = railhook_config::Transport::Inline;
+                config.kafka.brokers = String::new();
+            }
+        }
+        let dir = log_dir(name);
+        let api_addr = config.api.listen;
+        let mut all = Proc::spawn(bin, &config, "all", &["all"], &dir)?;
+        wait_ready(&mut all, &format!("http://{api_addr}/metrics"), Some("railhook_relay_stream_live 1"), Duration::from_secs(60)).await?;
+        let token = config.api.admin_token.clone();
+        let org = post_json(api_addr, "/v1/admin/organizations", &token, json!({"name": "bench"})).await?;
+        let org = org["id"].as_str().context("organization id")?;
+        let project = post_json(api_addr, &format!("/v1/admin/organizations/{org}/projects"), &token, json!({"name": name})).await?;
+        let api_key = project["api_key"]["secret"].as_str().context("api key")?.to_string();
+        Ok(Stack { db, config, api_addr, api_key, procs: vec![all] })
+    }
+
     /// An Endpoint at `url` subscribed to `pattern`; returns its id.
     pub async fn endpoint(&self, url: &str, pattern: &str) -> anyhow::Result<String> {
         self.endpoint_with(url, pattern, false).await

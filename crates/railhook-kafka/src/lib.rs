@@ -128,3 +128,45 @@ pub async fn check_reachable(kafka: &KafkaConfig, timeout: Duration) -> Result<u
     .await
     .map_err(|e| KafkaError::Unreachable { brokers: kafka.brokers.clone(), message: e.to_string() })?
 }
+
+/// What the cluster says about one topic (`railhook doctor` compares it with the
+/// configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicLayout {
+    pub topic: String,
+    /// False when the cluster does not know the topic (the other fields are then empty).
+    pub exists: bool,
+    pub partitions: usize,
+    /// The fewest replicas any of its partitions has.
+    pub min_replicas: usize,
+}
+
+/// The brokers the cluster lists and the layout of each of `topics`, from one metadata
+/// request for every topic (asking for a topic by name would create it where the brokers
+/// auto-create topics).
+pub async fn topic_layouts(kafka: &KafkaConfig, topics: &[String], timeout: Duration) -> Result<(usize, Vec<TopicLayout>), KafkaError> {
+    let config = client_config(kafka);
+    let brokers = kafka.brokers.clone();
+    let topics = topics.to_vec();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let metadata = consumer
+            .fetch_metadata(None, timeout)
+            .map_err(|e| KafkaError::Unreachable { brokers: brokers.clone(), message: e.to_string() })?;
+        let layouts = topics
+            .iter()
+            .map(|name| match metadata.topics().iter().find(|t| t.name() == name && t.error().is_none()) {
+                Some(t) => TopicLayout {
+                    topic: name.clone(),
+                    exists: true,
+                    partitions: t.partitions().len(),
+                    min_replicas: t.partitions().iter().map(|p| p.replicas().len()).min().unwrap_or(0),
+                },
+                None => TopicLayout { topic: name.clone(), exists: false, partitions: 0, min_replicas: 0 },
+            })
+            .collect();
+        Ok((metadata.brokers().len(), layouts))
+    })
+    .await
+    .map_err(|e| KafkaError::Unreachable { brokers: kafka.brokers.clone(), message: e.to_string() })?
+}

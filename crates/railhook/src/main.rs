@@ -8,8 +8,10 @@ use clap::{Args, Parser, Subcommand};
 use railhook_config::{Config, FileSource, Overrides};
 
 mod commands;
+mod doctor;
 mod project_data;
 mod replay_cmd;
+mod verify_cmd;
 
 /// Railhook: a self-hosted webhook gateway. Events POSTed to the API are written to Postgres
 /// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
@@ -85,6 +87,15 @@ enum Command {
     /// count), follow with a progress bar, status, cancel, list. Needs a project API key in
     /// RAILHOOK_API_KEY; --api-url (default http://<api.listen>).
     Replay(replay_cmd::ReplayArgs),
+    /// Check a captured request's Standard Webhooks signature (webhook-id, webhook-timestamp,
+    /// webhook-signature) with an Endpoint's secret(s): exit 0 valid, 1 not valid, 2 bad input.
+    Verify(verify_cmd::VerifyArgs),
+    /// Check what Railhook needs of Postgres (wal_level, replication slots and walsenders,
+    /// max_slot_wal_keep_size, migrations, the publication, the slot, its lag and its relay),
+    /// of Kafka (the topics and their partitions) and of this host's clock; one line per check
+    /// with the fix for each problem. Exits 0 when all is well, 1 on a problem, 2 when Postgres
+    /// or Kafka cannot be reached.
+    Doctor(doctor::DoctorArgs),
     /// Inspect the configuration.
     Config {
         #[command(subcommand)]
@@ -161,6 +172,10 @@ fn main() -> ExitCode {
 }
 
 fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    // Needs no configuration: it runs where a request was captured, maybe without railhook.toml.
+    if let Command::Verify(args) = &cli.command {
+        return Ok(verify_cmd::run(args));
+    }
     let mut overrides = Overrides::default();
     if let Some(url) = &cli.global.database_url {
         overrides.set("database.url", url);
@@ -204,6 +219,7 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Command::Slot { command: SlotCommand::Status { json, max_inactive } } => commands::slot_status(&config, json, max_inactive).await,
             Command::Slot { command: SlotCommand::Drop { confirm } } => commands::slot_drop(&config, confirm).await,
             Command::Replay(args) => replay_cmd::run(&config, args).await,
+            Command::Doctor(args) => doctor::run(&config, args).await,
             Command::Admin { command } => match command {
                 AdminCommand::CreateOrg { name } => commands::admin_create_org(&config, &name).await,
                 AdminCommand::CreateProject { org, name } => commands::admin_create_project(&config, &org, &name).await,

@@ -82,6 +82,7 @@ fn every_subcommand_has_help() {
         vec!["slot", "status", "--help"],
         vec!["admin", "--help"],
         vec!["config", "check", "--help"],
+        vec!["doctor", "--help"],
     ] {
         let out = railhook(&args, &[]);
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));

@@ -166,3 +166,19 @@ async fn a_transport_that_cannot_work_is_a_start_up_error_naming_the_setting() {
     let (ok, err) = run_to_exit(&config, "all", &[("RAILHOOK_KAFKA_BROKERS", "127.0.0.1:1")]).await;
     assert!(!ok && err.contains("kafka.brokers = 127.0.0.1:1: no Kafka broker answered"), "{err}");
 }
+
+/// A Postgres without logical replication: `railhook all` (inline, so nothing but Postgres is
+/// asked) stops at start-up with the setting and its fix, instead of serving an API whose
+/// Events nobody would announce.
+#[tokio::test]
+async fn a_postgres_without_logical_replication_stops_railhook_all_naming_wal_level() {
+    let mut pg = railhook_testkit::pg::PgCluster::start().await;
+    let client = railhook_testkit::connect(&pg.url("postgres")).await.expect("connect to the private cluster");
+    client.batch_execute("ALTER SYSTEM SET wal_level = 'replica'").await.unwrap();
+    drop(client);
+    pg.fast_restart().await;
+    let mut config = railhook_config::Config::default();
+    config.database.url = pg.url("postgres");
+    let (ok, err) = run_to_exit(&config, "all", &[("RAILHOOK_TRANSPORT", "inline")]).await;
+    assert!(!ok && err.contains("wal_level is 'replica', it must be 'logical'"), "{err}");
+}

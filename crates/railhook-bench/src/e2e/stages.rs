@@ -27,7 +27,10 @@ pub struct Snapshot {
 /// that does not answer counts as empty) and the cluster's WAL position.
 pub async fn snapshot(stack: &Stack) -> Snapshot {
     let mut s = Snapshot::default();
-    for listen in [stack.config.relay.ops_listen, stack.config.worker.ops_listen] {
+    let mut listens = vec![stack.config.relay.ops_listen, stack.config.worker.ops_listen];
+    // `railhook all` (Stack::start_all): both are the API's, read once.
+    listens.dedup();
+    for listen in listens {
         let text = get_text(&format!("http://{listen}/metrics")).await.unwrap_or_default();
         s.add(&text);
     }
