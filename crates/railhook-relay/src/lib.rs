@@ -52,6 +52,11 @@ pub enum RelayError {
     SlotInUse(#[source] pgwire_replication::PgWireError),
     #[error("replication stream ended")]
     StreamEnded,
+    /// Postgres refuses connections because it is shutting down while messages wait for
+    /// their acknowledgements: the stream ends unconfirmed so that its walsender can exit
+    /// (`stream`'s module docs); retried.
+    #[error("Postgres is shutting down while announcements wait for acknowledgements")]
+    PostgresShuttingDown,
     /// The stream's messages broke the Begin/change/Commit order.
     #[error("replication stream: {0}")]
     Progress(#[from] progress::OrderError),
@@ -103,6 +108,23 @@ impl RelayError {
             e => RelayError::Store(e),
         }
     }
+}
+
+/// The SQLSTATE of the first server error in `e`'s chain, if any.
+pub(crate) fn sqlstate(e: &(dyn std::error::Error + 'static)) -> Option<tokio_postgres::error::SqlState> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+            return Some(db.code().clone());
+        }
+        if let Some(pg) = err.downcast_ref::<tokio_postgres::Error>() {
+            if let Some(code) = pg.code() {
+                return Some(code.clone());
+            }
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// The message of a relay stopped by refused credentials: the server's own words.

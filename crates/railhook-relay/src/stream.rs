@@ -17,6 +17,16 @@
 //! Backpressure: at most `MAX_IN_FLIGHT` messages await Kafka's acknowledgement; at the
 //! bound the loop stops reading the replication stream (whose own buffer is bounded too), so
 //! a stalled cluster turns into replication lag, not memory.
+//!
+//! A clean Postgres shutdown (`pg_ctl -m fast`) waits for every walsender's client to confirm
+//! what it was sent. With the inline transport the acknowledgements are claims, which need
+//! Postgres, which by then refuses connections: nothing would ever be confirmed, and the
+//! shutdown would wait for ever (the chaos suite's `postgres_restart` on inline found it). So
+//! while acknowledgements have not moved for [`STALL_PROBE_AFTER`], the loop asks Postgres
+//! whether it is shutting down (SQLSTATE 57P03 on a new connection) and if so ends the stream
+//! unconfirmed ([`RelayError::PostgresShuttingDown`]): the walsender exits, the shutdown goes
+//! on, and the next stream reads those commits again (window 4). Kafka mode gets the same
+//! when the broker is away during a Postgres shutdown.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +52,9 @@ use crate::RelayError;
 
 /// Messages produced but not yet acknowledged, at most.
 pub const MAX_IN_FLIGHT: usize = 10_000;
+/// How long acknowledgements may stand still, messages in flight, before the loop asks
+/// whether Postgres is shutting down (see the module docs); and how often it asks then.
+pub const STALL_PROBE_AFTER: Duration = Duration::from_secs(3);
 /// Transactions seen but not yet confirmable, at most.
 pub const MAX_TXNS_IN_FLIGHT: usize = 100_000;
 
@@ -161,6 +174,9 @@ struct Streaming {
     reannounce: Option<Reannouncing>,
     /// The last position the slot was told ([`Streaming::confirm`]).
     reported: Lsn,
+    /// Since when messages have been in flight with no acknowledgement: None while nothing
+    /// is in flight, reset by each acknowledgement.
+    waiting_since: Option<Instant>,
 }
 
 /// Whether the stream's slot was just created, so that what is PENDING must be announced
@@ -211,8 +227,11 @@ pub async fn stream(
     slot::emit_marker(&config.database.url, &token).await?;
     let mut s = Streaming::new(config, stats, announcer, start, token);
     let mut drain = slot::Drain::new(DRAIN_TIMEOUT);
+    let mut stall_probe = tokio::time::interval(STALL_PROBE_AFTER);
+    stall_probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let reading = !drain.started() && s.has_room();
+        let stalled = s.waiting_since.is_some_and(|t| t.elapsed() >= STALL_PROBE_AFTER);
         tokio::select! {
             biased;
             Some(acked) = s.in_flight.next(), if !s.in_flight.is_empty() => s.acked(acked)?,
@@ -225,7 +244,21 @@ pub async fn stream(
                 tracing::warn!(in_flight = s.in_flight.len(), "Kafka did not acknowledge everything within the drain timeout; stopping without confirming it (the next start replays it)");
                 break;
             }
+            _ = stall_probe.tick(), if stalled && !drain.started() => {
+                if postgres_shutting_down(&s.config.database.url).await {
+                    tracing::warn!(
+                        in_flight = s.in_flight.len(),
+                        "Postgres is shutting down while announcements wait for their acknowledgements; ending the stream unconfirmed so that its walsender can exit (the next stream reads them again)"
+                    );
+                    return Err(RelayError::PostgresShuttingDown);
+                }
+            }
             event = client.recv(), if reading => s.event(event.map_err(RelayError::from_replication)?, *needs_reannounce != Reannounce::No).await?,
+        }
+        if s.in_flight.is_empty() {
+            s.waiting_since = None;
+        } else if s.waiting_since.is_none() {
+            s.waiting_since = Some(Instant::now());
         }
         s.stats.in_flight.store(s.in_flight.len() as u64, std::sync::atomic::Ordering::Relaxed);
         s.confirm(&mut client);
@@ -234,6 +267,20 @@ pub async fn stream(
         }
     }
     s.finish(client).await
+}
+
+/// Whether a new connection to `url` is refused because the server is shutting down
+/// (SQLSTATE 57P03, `cannot_connect_now`). Anything else, a timeout included, is "no": the
+/// stream keeps waiting for its acknowledgements.
+async fn postgres_shutting_down(url: &str) -> bool {
+    match tokio::time::timeout(Duration::from_secs(2), crate::connect(url)).await {
+        Ok(Ok((_client, connection))) => {
+            connection.abort();
+            false
+        }
+        Ok(Err(e)) => crate::sqlstate(&e).is_some_and(|code| code == tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW),
+        Err(_) => false,
+    }
 }
 
 impl Streaming {
@@ -250,6 +297,7 @@ impl Streaming {
             token,
             reannounce: None,
             reported: start,
+            waiting_since: None,
         }
     }
 
@@ -277,6 +325,7 @@ impl Streaming {
     fn acked(&mut self, (ticket, committed, read, result): Acked) -> Result<(), RelayError> {
         match result {
             Ok(()) => {
+                self.waiting_since = Some(Instant::now());
                 self.progress.acked(ticket);
                 self.stats.commit_to_ack.observe(seconds_since_pg_micros(committed));
                 self.stats.stages.observe_since(Stage::ReadToAck, read);
