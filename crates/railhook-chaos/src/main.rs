@@ -92,7 +92,8 @@ struct Cli {
     /// standby of the first's relay; 1 with --quick).
     #[arg(long)]
     alls: Option<usize>,
-    /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick).
+    /// Where the JSON report goes (default: chaos/results/latest.json; quick.json with --quick;
+    /// latest-inline.json and quick-inline.json with --transport inline).
     #[arg(long, value_name = "PATH")]
     out: Option<PathBuf>,
     /// Keep the run's folder (logs, configuration, receiver log) even when it passed.
@@ -171,7 +172,16 @@ fn main() -> ExitCode {
         opts.only = Some(kinds);
     }
     opts.keep = cli.keep;
-    let out = cli.out.unwrap_or_else(|| PathBuf::from(if opts.quick { "chaos/results/quick.json" } else { "chaos/results/latest.json" }));
+    // An inline run has files of its own, so that it does not replace the Kafka run's.
+    let out = cli.out.unwrap_or_else(|| {
+        let name = match (opts.quick, opts.inline()) {
+            (true, false) => "quick.json",
+            (false, false) => "latest.json",
+            (true, true) => "quick-inline.json",
+            (false, true) => "latest-inline.json",
+        };
+        PathBuf::from("chaos/results").join(name)
+    });
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let report = match runtime.block_on(railhook_chaos::run(&opts)) {
