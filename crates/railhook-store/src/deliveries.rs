@@ -288,14 +288,16 @@ pub struct FailedFilter {
     pub completed_before: Option<DateTime<Utc>>,
 }
 
+/// By `deliveries_failed_id_idx (project_id, id) WHERE failed_at IS NOT NULL` (migration
+/// 0032: `failed_at` is set exactly while the Delivery is FAILED, and is its `completed_at`).
 const FAILED_SQL: &str = "
 SELECT d.id, d.event_id, e.event_type, d.endpoint_id, d.attempt_count, d.last_error, d.completed_at
 FROM deliveries d JOIN events e ON e.id = d.event_id
-WHERE d.project_id = $1 AND d.status = 'FAILED'
+WHERE d.project_id = $1 AND d.failed_at IS NOT NULL AND d.status = 'FAILED'
   AND ($2::uuid IS NULL OR d.endpoint_id = $2)
   AND ($3::text IS NULL OR e.event_type = $3)
-  AND ($4::timestamptz IS NULL OR d.completed_at >= $4)
-  AND ($5::timestamptz IS NULL OR d.completed_at < $5)
+  AND ($4::timestamptz IS NULL OR d.failed_at >= $4)
+  AND ($5::timestamptz IS NULL OR d.failed_at < $5)
   AND ($6::uuid IS NULL OR d.id > $6)
 ORDER BY d.id LIMIT $7";
 

@@ -51,17 +51,21 @@ FROM (
     ORDER BY created_at DESC LIMIT $2
 ) newest";
 
-/// The PENDING set is what `deliveries_due_idx` (partial, `WHERE status = 'PENDING'`) holds.
-/// `OFFSET 0` keeps the planner from answering `min` by walking `deliveries_project_idx` in
-/// creation order until the first PENDING row: with a recent backlog that read 980,000 rows
-/// of a 1,000,000-Delivery project (450 ms; tests/ui/bigdb), this reads the PENDING set.
-const OLDEST_PENDING_SQL: &str =
-    "SELECT min(created_at) FROM (SELECT created_at FROM deliveries WHERE status = 'PENDING' AND project_id = $1 OFFSET 0) p";
+/// The PENDING set is among the open Deliveries (`open_deliveries`, migration 0032; its key
+/// is the Delivery's id, a UUIDv7, so its order is creation order): the first of the
+/// project's open Deliveries that is PENDING, in id order, reading the PENDING and
+/// PROCESSING ones before it. Walking `deliveries_project_idx` in creation order until the
+/// first PENDING row instead read 980,000 rows of a 1,000,000-Delivery project with a recent
+/// backlog (450 ms; tests/ui/bigdb).
+const OLDEST_PENDING_SQL: &str = "
+SELECT (SELECT d.created_at FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
+        WHERE o.project_id = $1 AND d.status = 'PENDING' ORDER BY o.delivery_id LIMIT 1)";
 
-/// The oldest PROCESSING Delivery's creation, from `deliveries_processing_idx` (partial,
-/// `(project_id, endpoint_id) WHERE status = 'PROCESSING'`).
-const OLDEST_PROCESSING_SQL: &str =
-    "SELECT min(created_at) FROM (SELECT created_at FROM deliveries WHERE status = 'PROCESSING' AND project_id = $1 OFFSET 0) p";
+/// The oldest PROCESSING Delivery's creation, from its Claims (`delivery_claims`, whose key
+/// leads with the project).
+const OLDEST_PROCESSING_SQL: &str = "
+SELECT min(d.created_at) FROM delivery_claims c JOIN deliveries d ON d.id = c.delivery_id
+WHERE c.project_id = $1 AND d.status = 'PROCESSING'";
 
 /// How long the list waits for [`oldest_of`]; past it the list goes without the bound.
 const OLDEST_TIMEOUT: &str = "SET LOCAL statement_timeout = '150ms'";
@@ -84,11 +88,12 @@ pub async fn oldest_of(client: &mut deadpool_postgres::Client, project: ProjectI
     Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 
-/// `deliveries_failed_idx (project_id, completed_at) WHERE status = 'FAILED'`.
+/// `deliveries_failed_idx (project_id, failed_at) WHERE failed_at IS NOT NULL` (migration
+/// 0032: set exactly while FAILED).
 const FAILED_SQL: &str = "
 SELECT count(*) FROM (
     SELECT 1 FROM deliveries
-    WHERE project_id = $1 AND status = 'FAILED' AND completed_at >= now() - interval '1 hour'
+    WHERE project_id = $1 AND failed_at >= now() - interval '1 hour' AND status = 'FAILED'
     LIMIT $2
 ) f";
 
@@ -172,13 +177,13 @@ pub struct EndpointHealth {
 }
 
 /// Health of the listed Endpoints of the project: the circuit row (primary key), PROCESSING
-/// count (`deliveries_processing_idx`: project, endpoint), FAILED in the last hour
+/// count (its Claims, `delivery_claims`: project, endpoint), FAILED in the last hour
 /// (`deliveries_failed_idx`, bounded).
 const HEALTH_SQL: &str = "
 SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0), coalesce(c.failures, 0),
-       (SELECT count(*) FROM deliveries d WHERE d.project_id = $1 AND d.endpoint_id = e.id AND d.status = 'PROCESSING'),
+       (SELECT count(*) FROM delivery_claims dc WHERE dc.project_id = $1 AND dc.endpoint_id = e.id),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
-            WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
+            WHERE d.project_id = $1 AND d.failed_at >= now() - interval '1 hour' AND d.status = 'FAILED'
               AND d.endpoint_id = e.id LIMIT 10000) f)
 FROM endpoints e LEFT JOIN circuits c ON c.target_id = e.id
 WHERE e.project_id = $1 AND e.id = ANY($2::uuid[])";
