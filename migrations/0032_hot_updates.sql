@@ -122,4 +122,9 @@ CREATE INDEX deliveries_due_idx ON deliveries (next_retry_at) WHERE next_retry_a
 
 -- Room on each page for the claim's and the finalise's new row versions (an UPDATE is HOT
 -- only if its new version fits on the old one's page). Applies to pages filled from now on.
-ALTER TABLE deliveries SET (fillfactor = 85);
+-- A claim batch updates up to 64 neighbouring rows in one transaction, and the versions it
+-- leaves dead cannot be pruned before it commits, so the room must hold a good part of a
+-- page's rows: with batches of 64 over a backlog, 63-77 % of the updates were HOT at 85,
+-- 87-91 % at 70, 93-100 % at 60; with the small batches of a steady load, 98-100 % at any
+-- of them (docs/BENCHMARKS.md "HOT claim and finalise").
+ALTER TABLE deliveries SET (fillfactor = 70);

@@ -38,7 +38,7 @@ pub(crate) async fn in_batches(db: &impl GenericClient, sql: &str, owner: &(dyn 
 
 /// An Endpoint's Deliveries (`deliveries_endpoint_idx`), with the rows of those still open in
 /// `open_deliveries` and `delivery_claims` (migration 0032; no foreign key takes them along).
-pub(crate) const ENDPOINT_DELIVERIES: &str = "WITH gone AS (
+pub const ENDPOINT_DELIVERIES: &str = "WITH gone AS (
     DELETE FROM deliveries WHERE id = ANY (ARRAY(SELECT id FROM deliveries WHERE endpoint_id = $1 LIMIT $2))
     RETURNING id, project_id, endpoint_id, status
 ), closed AS (

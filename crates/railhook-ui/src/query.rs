@@ -349,6 +349,29 @@ mod tests {
         assert!(bounded(&mut tx, "SELECT no_such_column", &[]).await.is_err(), "other errors stay errors");
     }
 
+    /// The dashboard's own readers of `deliveries` keep an index plan on a big database after
+    /// migration 0032 (the PENDING, PROCESSING and FAILED sets out of the partial indexes on
+    /// `status`): custom and generic plans, neither reading `deliveries` or `events` whole.
+    #[tokio::test]
+    async fn every_reader_keeps_an_index_plan_on_a_big_database() {
+        use railhook_testkit::bigdb::{assert_index_plans, BigDb};
+        let big = BigDb::new().await;
+        let c = big.db.client().await;
+        let project = format!("'{}'::uuid", big.project);
+        let endpoints = format!("ARRAY['{}', '{}']::uuid[]", big.endpoints[0], big.endpoints[1]);
+        for (what, sql, args, uses) in [
+            ("oldest PENDING", OLDEST_PENDING_SQL, project.clone(), vec!["open_deliveries_pkey", "deliveries_pkey"]),
+            ("oldest PROCESSING", OLDEST_PROCESSING_SQL, project.clone(), vec!["delivery_claims", "deliveries_pkey"]),
+            ("failed in the last hour", FAILED_SQL, format!("{project}, {SAMPLE}"), vec!["deliveries_failed_idx"]),
+            ("outcomes of the last hour", OUTCOME_SQL, format!("{project}, {SAMPLE}"), vec!["deliveries_project_idx"]),
+            ("Endpoint health", HEALTH_SQL, format!("{project}, {endpoints}"), vec!["delivery_claims_pkey", "deliveries_failed_idx"]),
+            ("by event type", BY_TYPE_SQL, format!("{project}, 'order.paid', NULL, NULL, NULL, NULL, NULL, 51"), vec![]),
+            ("by event type, FAILED", BY_TYPE_SQL, format!("{project}, 'order.paid', 'FAILED', NULL, NULL, NULL, NULL, 51"), vec![]),
+        ] {
+            assert_index_plans(&c, what, sql, &args, &uses).await;
+        }
+    }
+
     #[test]
     fn rates_over_the_hour_or_over_a_full_sample() {
         assert_eq!(rate(36, None), Some(0.01));

@@ -40,7 +40,7 @@ pub const MAX_HOLDS: u32 = 10;
 /// how long the live one that waits longest has waited since it became due (ms). Through
 /// `open_deliveries` (the Deliveries not ended, migration 0032), so its cost is bounded by
 /// `$1` rows and the open Deliveries before them.
-const PRESSURE_SQL: &str = "
+pub const PRESSURE_SQL: &str = "
 SELECT count(*) FILTER (WHERE replay_id IS NOT NULL),
        COALESCE(EXTRACT(EPOCH FROM now() - min(due) FILTER (WHERE replay_id IS NULL)) * 1000, 0)::float8
 FROM (SELECT d.replay_id, COALESCE(d.next_retry_at, d.created_at) AS due

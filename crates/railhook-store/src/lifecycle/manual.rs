@@ -30,7 +30,7 @@ macro_rules! back_on_the_ladder {
 /// One Delivery. `target` locks the row and, after waiting for a concurrent writer, sees
 /// its committed status, so the answer (retried, or the status that prevented it) is
 /// never stale. It is announced in the same statement as the update (`railhook_announce`).
-const RETRY_SQL: &str = concat!(
+pub const RETRY_SQL: &str = concat!(
     "
 WITH target AS (
     SELECT id, status FROM deliveries WHERE id = $1 AND project_id = $2 FOR UPDATE
@@ -105,7 +105,7 @@ pub struct BulkRetry {
 /// two bulk retries run side by side without waiting on each other or retrying a row twice.
 /// `requested` is the listed ids as the statement's snapshot sees them, to say why one was
 /// skipped.
-const BULK_RETRY_SQL: &str = concat!(
+pub const BULK_RETRY_SQL: &str = concat!(
     "
 WITH requested AS (
     SELECT id, status FROM deliveries WHERE project_id = $1 AND id = ANY($2::uuid[])

@@ -14,7 +14,7 @@ use uuid::Uuid;
 /// carrying a scheduler token `$4` seconds after its announcement was not claimed (the hint
 /// was lost): it is tokened and announced again, and the old token's hint then claims
 /// nothing.
-const SCHEDULE_SQL: &str = "
+pub const SCHEDULE_SQL: &str = "
 WITH due AS (
     SELECT id, project_id, endpoint_id, next_retry_at FROM deliveries
     WHERE status = 'PENDING' AND next_retry_at <= now()
@@ -55,7 +55,7 @@ pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64
 /// writer that did not take it along; it goes too, so it stops counting against the
 /// concurrency limits. A Delivery another transaction holds (its finalise, right now) is
 /// skipped with its row.
-const SWEEP_STUCK_SQL: &str = "
+pub const SWEEP_STUCK_SQL: &str = "
 WITH old AS (
     SELECT c.project_id, c.endpoint_id, c.delivery_id, c.claim_token FROM delivery_claims c
     WHERE c.claimed_at < now() - make_interval(secs => $1)
@@ -83,7 +83,7 @@ SELECT reset.id FROM reset CROSS JOIN announced";
 /// Sweep 6.4 (b): PENDING and not announced for `older_than_s` (its announcement was lost):
 /// announced again, the scheduler's token (if any) cleared; bounded by `limit`. Read through
 /// `open_deliveries` (every PENDING Delivery has its row there; migration 0032).
-const SWEEP_STRANDED_SQL: &str = "
+pub const SWEEP_STRANDED_SQL: &str = "
 WITH stranded AS (
     SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
     WHERE d.status = 'PENDING' AND d.last_announced_at < now() - make_interval(secs => $1)
@@ -100,7 +100,7 @@ SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// Sweep 6.4 (c): the hard cap. PENDING Deliveries whose ladder started more than
 /// `max_age_s` ago go to Failed Messages (and out of `open_deliveries`).
-const SWEEP_CAPPED_SQL: &str = "
+pub const SWEEP_CAPPED_SQL: &str = "
 WITH capped AS (
     SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
     WHERE d.status = 'PENDING' AND d.ladder_started_at < now() - make_interval(secs => $1)
@@ -120,7 +120,7 @@ SELECT count(*) FROM failed";
 /// the readers, which filter on the Delivery; deleted here so the table stays the size of
 /// the open set. The ended Delivery's row is locked (SKIP LOCKED), so a person's retry
 /// that reopens it meanwhile keeps its row.
-const SWEEP_CLOSED_SQL: &str = "
+pub const SWEEP_CLOSED_SQL: &str = "
 WITH ended AS (
     SELECT o.delivery_id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
     WHERE d.status IN ('SUCCESS', 'FAILED')
@@ -160,7 +160,7 @@ FROM capped WHERE f.id = capped.id";
 /// so the statement finds nothing once it has run, and a clean restart costs at most one
 /// extra hint per waiting Delivery, which the Claim absorbs. Rows with a scheduler token
 /// are the retry scheduler's (`worker.retry_reannounce_after_seconds`).
-const REANNOUNCE_AFTER_RESTART_SQL: &str = "
+pub const REANNOUNCE_AFTER_RESTART_SQL: &str = "
 WITH forgotten AS (
     SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
     WHERE d.status = 'PENDING' AND d.claim_token IS NULL
@@ -181,7 +181,7 @@ SELECT marked.id FROM marked CROSS JOIN announced";
 /// 0032 and the rules that write the row, made none); how many. Without its row the stuck
 /// sweep would never find such a Delivery. The worker runs it with
 /// [`reannounce_after_restart`], once per server start it sees (so at its own start too).
-const RESTORE_CLAIMS_SQL: &str = "
+pub const RESTORE_CLAIMS_SQL: &str = "
 INSERT INTO delivery_claims (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
 SELECT d.project_id, d.endpoint_id, d.id, d.claim_token, coalesce(d.claimed_at, now())
 FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
@@ -258,17 +258,15 @@ pub struct QueueGauges {
     pub parked: i64,
 }
 
-pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
-    let row = db
-        .query_one(
-            "SELECT count(*) FILTER (WHERE due),
+/// The gauges' statement: the PENDING Deliveries among the open ones (`open_deliveries`).
+pub const QUEUE_GAUGES_SQL: &str = "SELECT count(*) FILTER (WHERE due),
                     coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)) FILTER (WHERE due))::float8, 0),
                     count(*) FILTER (WHERE parked_at IS NOT NULL AND NOT due)
              FROM (SELECT d.next_retry_at, d.created_at, d.parked_at, (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AS due
-                   FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id WHERE d.status = 'PENDING') pending",
-            &[],
-        )
-        .await?;
+                   FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id WHERE d.status = 'PENDING') pending";
+
+pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
+    let row = db.query_one(QUEUE_GAUGES_SQL, &[]).await?;
     Ok(QueueGauges { due: row.try_get(0)?, oldest_due_age_s: row.try_get(1)?, parked: row.try_get(2)? })
 }
 
@@ -284,7 +282,7 @@ pub const REANNOUNCE_BATCH: i64 = 5_000;
 /// new slot will decode. The obligation never lived in Kafka; it lives in the row's status,
 /// so Postgres is asked again. Rows with `next_retry_at` set belong to the retry scheduler.
 /// Duplicates (a row announced twice) are absorbed by the Claim.
-const REANNOUNCE_DELIVERIES_SQL: &str = "
+pub const REANNOUNCE_DELIVERIES_SQL: &str = "
 WITH batch AS (
     SELECT d.id, d.project_id, d.endpoint_id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
     WHERE d.status = 'PENDING' AND d.claim_token IS NULL AND d.next_retry_at IS NULL AND o.delivery_id > $1
