@@ -96,7 +96,7 @@ async fn assert_sets_in_step(db: &impl GenericClient) {
 async fn the_claim_and_the_finalise_of_a_first_attempt_are_hot() {
     let (_db, pool, fixture) = Fixture::in_fresh_db(2).await;
     let worker = pool.get().await.unwrap();
-    let before = updates(&***worker).await;
+    let before = updates(&**worker).await;
     let mut n = 0;
     for _ in 0..100 {
         let mut ids = Vec::new();
@@ -106,21 +106,23 @@ async fn the_claim_and_the_finalise_of_a_first_attempt_are_hot() {
         n += deliver(&worker, &ids, 64, |_| Next::Success).await;
     }
     assert_eq!(n, 800);
-    let after = updates(&***worker).await;
+    let after = updates(&**worker).await;
     let (upd, hot) = (after.0 - before.0, after.1 - before.1);
     eprintln!("steady: {upd} updates of deliveries, {hot} HOT ({:.1} %)", 100.0 * hot as f64 / upd as f64);
     assert_eq!(upd, 2 * 800, "one update per claim and one per finalise");
     assert!(hot * 10 >= upd * 9, "{hot} of {upd} updates HOT");
-    assert_sets_in_step(&***worker).await;
-    assert_eq!(count(&***worker, "SELECT count(*) FROM open_deliveries").await, 0);
-    assert_eq!(count(&***worker, "SELECT count(*) FROM delivery_claims").await, 0);
+    assert_sets_in_step(&**worker).await;
+    assert_eq!(count(&**worker, "SELECT count(*) FROM open_deliveries").await, 0);
+    assert_eq!(count(&**worker, "SELECT count(*) FROM delivery_claims").await, 0);
 }
 
 /// A backlog (1,000 Deliveries waiting) claimed and finalised in the worker's largest
 /// batches (64): the claim updates up to 64 neighbouring rows in one transaction, so only as
 /// many of a page's rows as its free space holds are HOT until the next transaction can
-/// prune (reported, and bounded below); the finalise's updates follow the claim's commit
-/// and find the claim's old versions prunable.
+/// prune; the finalise's updates follow the claim's commit and find the claim's old
+/// versions prunable. A tenth fails for good and a tenth goes back on its ladder (not HOT
+/// by design: `failed_at` and `next_retry_at` are indexed). Measured: 86 % HOT at
+/// fillfactor 50 (migration 0032), 57 % at 70, 14 % at 100.
 #[tokio::test]
 async fn a_backlog_in_full_batches_is_mostly_hot() {
     let (_db, pool, fixture) = Fixture::in_fresh_db(2).await;
@@ -129,7 +131,7 @@ async fn a_backlog_in_full_batches_is_mostly_hot() {
     for _ in 0..500 {
         ids.extend(fixture.ingest(&pool, "order.created").await);
     }
-    let before = updates(&***worker).await;
+    let before = updates(&**worker).await;
     // Every tenth fails for good, every tenth but one goes back on its ladder: the rare paths
     // keep the sets in step too.
     let n = deliver(&worker, &ids, 64, |i| match i % 10 {
@@ -139,12 +141,12 @@ async fn a_backlog_in_full_batches_is_mostly_hot() {
     })
     .await;
     assert_eq!(n, 1000);
-    let after = updates(&***worker).await;
+    let after = updates(&**worker).await;
     let (upd, hot) = (after.0 - before.0, after.1 - before.1);
     eprintln!("backlog: {upd} updates of deliveries, {hot} HOT ({:.1} %)", 100.0 * hot as f64 / upd as f64);
     assert_eq!(upd, 2 * 1000);
-    assert!(hot * 2 >= upd, "{hot} of {upd} updates HOT");
-    assert_sets_in_step(&***worker).await;
-    assert_eq!(count(&***worker, "SELECT count(*) FROM open_deliveries").await, 100, "the retries are open");
-    assert_eq!(count(&***worker, "SELECT count(*) FROM deliveries WHERE failed_at IS NOT NULL").await, 100);
+    assert!(hot * 100 >= upd * 80, "{hot} of {upd} updates HOT");
+    assert_sets_in_step(&**worker).await;
+    assert_eq!(count(&**worker, "SELECT count(*) FROM open_deliveries").await, 100, "the retries are open");
+    assert_eq!(count(&**worker, "SELECT count(*) FROM deliveries WHERE failed_at IS NOT NULL").await, 100);
 }
