@@ -83,10 +83,16 @@ SELECT reset.id FROM reset CROSS JOIN announced";
 /// Sweep 6.4 (b): PENDING and not announced for `older_than_s` (its announcement was lost):
 /// announced again, the scheduler's token (if any) cleared; bounded by `limit`. Read through
 /// `open_deliveries` (every PENDING Delivery has its row there; migration 0032).
+///
+/// The readers of the open set name their rows as `= ANY (ARRAY(SELECT ... FROM
+/// open_deliveries))`, looked up by primary key: with a join, a planner that takes the
+/// filter on `status` for very selective (PROCESSING is rare) reads `deliveries` whole
+/// instead (tests/plans.rs).
 pub const SWEEP_STRANDED_SQL: &str = "
 WITH stranded AS (
-    SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
-    WHERE d.status = 'PENDING' AND d.last_announced_at < now() - make_interval(secs => $1)
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.last_announced_at < now() - make_interval(secs => $1)
       AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
     ORDER BY d.last_announced_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED
 ), reset AS (
@@ -102,8 +108,9 @@ SELECT reset.id FROM reset CROSS JOIN announced";
 /// `max_age_s` ago go to Failed Messages (and out of `open_deliveries`).
 pub const SWEEP_CAPPED_SQL: &str = "
 WITH capped AS (
-    SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
-    WHERE d.status = 'PENDING' AND d.ladder_started_at < now() - make_interval(secs => $1)
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.ladder_started_at < now() - make_interval(secs => $1)
     ORDER BY d.ladder_started_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED
 ), failed AS (
     UPDATE deliveries d SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
@@ -162,8 +169,9 @@ FROM capped WHERE f.id = capped.id";
 /// are the retry scheduler's (`worker.retry_reannounce_after_seconds`).
 pub const REANNOUNCE_AFTER_RESTART_SQL: &str = "
 WITH forgotten AS (
-    SELECT d.id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
-    WHERE d.status = 'PENDING' AND d.claim_token IS NULL
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.claim_token IS NULL
       AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
       AND d.last_announced_at < pg_postmaster_start_time()
     ORDER BY d.last_announced_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
@@ -184,8 +192,9 @@ SELECT marked.id FROM marked CROSS JOIN announced";
 pub const RESTORE_CLAIMS_SQL: &str = "
 INSERT INTO delivery_claims (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
 SELECT d.project_id, d.endpoint_id, d.id, d.claim_token, coalesce(d.claimed_at, now())
-FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
-WHERE d.status = 'PROCESSING' AND d.claim_token IS NOT NULL
+FROM deliveries d
+WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+  AND d.status = 'PROCESSING' AND d.claim_token IS NOT NULL
 ON CONFLICT (project_id, endpoint_id, delivery_id) DO NOTHING";
 
 pub async fn restore_claims(db: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
@@ -263,7 +272,7 @@ pub const QUEUE_GAUGES_SQL: &str = "SELECT count(*) FILTER (WHERE due),
                     coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)) FILTER (WHERE due))::float8, 0),
                     count(*) FILTER (WHERE parked_at IS NOT NULL AND NOT due)
              FROM (SELECT d.next_retry_at, d.created_at, d.parked_at, (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AS due
-                   FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id WHERE d.status = 'PENDING') pending";
+                   FROM deliveries d WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries)) AND d.status = 'PENDING') pending";
 
 pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
     let row = db.query_one(QUEUE_GAUGES_SQL, &[]).await?;
@@ -284,8 +293,12 @@ pub const REANNOUNCE_BATCH: i64 = 5_000;
 /// Duplicates (a row announced twice) are absorbed by the Claim.
 pub const REANNOUNCE_DELIVERIES_SQL: &str = "
 WITH batch AS (
-    SELECT d.id, d.project_id, d.endpoint_id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
-    WHERE d.status = 'PENDING' AND d.claim_token IS NULL AND d.next_retry_at IS NULL AND o.delivery_id > $1
+    -- The open Deliveries in id order, each looked up by primary key (OFFSET 0 keeps the
+    -- planner from turning the lookup into a read of `deliveries` whole).
+    SELECT d.id, d.project_id, d.endpoint_id FROM open_deliveries o
+    CROSS JOIN LATERAL (SELECT dl.id, dl.project_id, dl.endpoint_id, dl.status, dl.claim_token, dl.next_retry_at
+                        FROM deliveries dl WHERE dl.id = o.delivery_id OFFSET 0) d
+    WHERE o.delivery_id > $1 AND d.status = 'PENDING' AND d.claim_token IS NULL AND d.next_retry_at IS NULL
     ORDER BY o.delivery_id LIMIT $2
 ), marked AS (
     UPDATE deliveries d SET last_announced_at = now() FROM batch WHERE d.id = batch.id
