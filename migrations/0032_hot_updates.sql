@@ -100,8 +100,8 @@ EXECUTE FUNCTION railhook_deliveries_reopened();
 -- claim's counts (per Project, per Endpoint of a Project) and the deletes of whatever ends
 -- the Claim, which know all three. The claim writes the row in the statement that claims
 -- (railhook_claim_batch), so a Delivery is never PROCESSING without one; a row whose Claim
--- ended without taking it along (a writer of the previous build) only counts against the
--- limits until the stuck sweep deletes it.
+-- ended without taking it along (a writer of the previous build) counts for nothing (the
+-- readers check the Delivery) and the stuck sweep deletes it.
 CREATE TABLE delivery_claims (
     project_id uuid NOT NULL,
     endpoint_id uuid NOT NULL,

@@ -57,13 +57,17 @@ async fn every_reader_keeps_an_index_plan_on_a_big_database() {
         // The claim's concurrency counts (inside railhook_claim_batch, rules.sql).
         (
             "the claim's count per Endpoint",
-            "SELECT count(*) FROM delivery_claims c WHERE c.project_id = $1 AND c.endpoint_id = $2 AND NOT coalesce(c.claim_token = ANY ($3), false)",
+            "SELECT count(*) FROM delivery_claims c
+             JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+             WHERE c.project_id = $1 AND c.endpoint_id = $2 AND NOT coalesce(c.claim_token = ANY ($3), false)",
             format!("{project}, {endpoint}, '{{}}'::uuid[]"),
             vec!["delivery_claims"],
         ),
         (
             "the claim's count per Project",
-            "SELECT count(*) FROM delivery_claims c WHERE c.project_id = $1 AND NOT coalesce(c.claim_token = ANY ($2), false)",
+            "SELECT count(*) FROM delivery_claims c
+             JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+             WHERE c.project_id = $1 AND NOT coalesce(c.claim_token = ANY ($2), false)",
             format!("{project}, '{{}}'::uuid[]"),
             vec!["delivery_claims"],
         ),

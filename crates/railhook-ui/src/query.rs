@@ -183,7 +183,8 @@ pub struct EndpointHealth {
 /// (`deliveries_failed_idx`, bounded).
 const HEALTH_SQL: &str = "
 SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0), coalesce(c.failures, 0),
-       (SELECT count(*) FROM delivery_claims dc WHERE dc.project_id = $1 AND dc.endpoint_id = e.id),
+       (SELECT count(*) FROM delivery_claims dc JOIN deliveries d ON d.id = dc.delivery_id AND d.claim_token = dc.claim_token
+        WHERE dc.project_id = $1 AND dc.endpoint_id = e.id AND d.status = 'PROCESSING'),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
             WHERE d.project_id = $1 AND d.failed_at >= now() - interval '1 hour' AND d.status = 'FAILED'
               AND d.endpoint_id = e.id LIMIT 10000) f)

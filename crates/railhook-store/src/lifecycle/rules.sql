@@ -243,7 +243,10 @@ BEGIN
         IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
             ep_j := array_position(ep_keys, d.endpoint_id);
             IF ep_j IS NULL THEN
+                -- The Claims' rows (migration 0032), each checked against its Delivery, so
+                -- a row some writer left behind never counts.
                 SELECT count(*) INTO n FROM delivery_claims c
+                JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
                 WHERE c.project_id = d.project_id AND c.endpoint_id = d.endpoint_id
                   AND NOT coalesce(c.claim_token = ANY (p_finishing), false);
                 ep_keys := ep_keys || d.endpoint_id;
@@ -258,7 +261,9 @@ BEGIN
         IF reason IS NULL AND p_project_concurrency > 0 THEN
             pr_j := array_position(pr_keys, d.project_id);
             IF pr_j IS NULL THEN
-                SELECT count(*) INTO n FROM delivery_claims c WHERE c.project_id = d.project_id
+                SELECT count(*) INTO n FROM delivery_claims c
+                JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                WHERE c.project_id = d.project_id
                   AND NOT coalesce(c.claim_token = ANY (p_finishing), false);
                 pr_keys := pr_keys || d.project_id;
                 pr_counts := pr_counts || n;

@@ -52,9 +52,9 @@ pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64
 /// Found through `delivery_claims` (migration 0032: the claim writes a Claim's row in the
 /// statement that makes the Delivery PROCESSING). A Claim's row that is as old and whose
 /// Delivery is not PROCESSING under its token any more (or is gone) was left behind by a
-/// writer that did not take it along; it goes too, so it stops counting against the
-/// concurrency limits. A Delivery another transaction holds (its finalise, right now) is
-/// skipped with its row.
+/// writer that did not take it along (the counts already ignore it, checking the Delivery);
+/// it goes too, so the table stays the size of the Claims. A Delivery another transaction
+/// holds (its finalise, right now) is skipped with its row.
 pub const SWEEP_STUCK_SQL: &str = "
 WITH old AS (
     SELECT c.project_id, c.endpoint_id, c.delivery_id, c.claim_token FROM delivery_claims c
