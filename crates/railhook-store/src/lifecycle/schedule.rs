@@ -12,8 +12,11 @@ use uuid::Uuid;
 /// announced in the same statement through the outbox (reason `retry`, with the token), so
 /// ownership passes with the announcement and cannot be lost between the two. A row still
 /// carrying a scheduler token `$4` seconds after its announcement was not claimed (the hint
-/// was lost): it is tokened and announced again, and the old token's hint then claims
-/// nothing.
+/// was lost, or is late): it is announced again under the same token, so whichever of its
+/// hints comes first claims it. (A new token per re-announcement made every hint older than
+/// the last one claim nothing: a worker further behind than `$4` never caught up; the
+/// 50,000-event chaos run of the tenth session.) The next round, after a finalise or a
+/// Deferral cleared the token, gets a new one, so an earlier round's hint claims nothing.
 pub const SCHEDULE_SQL: &str = "
 WITH due AS (
     SELECT id, project_id, endpoint_id, next_retry_at FROM deliveries
@@ -33,7 +36,7 @@ WITH due AS (
     ORDER BY n_endpoint, next_retry_at
     LIMIT $1
 ), tokened AS (
-    UPDATE deliveries d SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
+    UPDATE deliveries d SET claim_token = coalesce(d.claim_token, gen_random_uuid()), last_announced_at = now(), updated_at = now()
     FROM picked WHERE d.id = picked.id
     RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token
 ), announced AS (
