@@ -36,9 +36,16 @@ pub(crate) async fn in_batches(db: &impl GenericClient, sql: &str, owner: &(dyn 
     }
 }
 
-/// An Endpoint's Deliveries (`deliveries_endpoint_idx`).
-pub(crate) const ENDPOINT_DELIVERIES: &str = "WITH gone AS (
-    DELETE FROM deliveries WHERE id = ANY (ARRAY(SELECT id FROM deliveries WHERE endpoint_id = $1 LIMIT $2)) RETURNING 1
+/// An Endpoint's Deliveries (`deliveries_endpoint_idx`), with the rows of those still open in
+/// `open_deliveries` and `delivery_claims` (migration 0032; no foreign key takes them along).
+pub const ENDPOINT_DELIVERIES: &str = "WITH gone AS (
+    DELETE FROM deliveries WHERE id = ANY (ARRAY(SELECT id FROM deliveries WHERE endpoint_id = $1 LIMIT $2))
+    RETURNING id, project_id, endpoint_id, status
+), closed AS (
+    DELETE FROM open_deliveries o WHERE o.delivery_id = ANY (ARRAY(SELECT id FROM gone WHERE status IN ('PENDING', 'PROCESSING')))
+), unclaimed AS (
+    DELETE FROM delivery_claims c USING gone
+    WHERE gone.status = 'PROCESSING' AND c.project_id = gone.project_id AND c.endpoint_id = gone.endpoint_id AND c.delivery_id = gone.id
 ) SELECT count(*) FROM gone";
 
 /// A Destination's Forwards (`forwards_destination_idx`).

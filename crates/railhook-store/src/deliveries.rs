@@ -121,7 +121,7 @@ pub struct DeliveryFilter {
     pub limit: i64,
 }
 
-const LIST_SQL: &str = concat!(
+pub const LIST_SQL: &str = concat!(
     "SELECT ",
     delivery_columns!(),
     "
@@ -156,7 +156,7 @@ pub async fn list_deliveries(db: &impl GenericClient, project: ProjectId, f: &De
     rows.iter().map(|r| delivery_from(r, 0)).collect()
 }
 
-const GET_SQL: &str = concat!(
+pub const GET_SQL: &str = concat!(
     "SELECT ",
     delivery_columns!(),
     "
@@ -209,7 +209,7 @@ pub struct Attempt {
 /// before its Delivery was made, so `started_at >= created_at - 1 day` (a day of slack for a
 /// worker's clock behind the database's) lets the executor skip the partitions of earlier
 /// days instead of probing each one's index.
-const ATTEMPTS_SQL: &str = "
+pub const ATTEMPTS_SQL: &str = "
 SELECT a.id, a.attempt_number, a.started_at, a.duration_ms, a.status_code, a.result, a.error_message,
        a.response_headers, a.response_body, a.response_truncated, a.request_headers
 FROM deliveries d
@@ -288,14 +288,16 @@ pub struct FailedFilter {
     pub completed_before: Option<DateTime<Utc>>,
 }
 
-const FAILED_SQL: &str = "
+/// By `deliveries_failed_id_idx (project_id, id) WHERE failed_at IS NOT NULL` (migration
+/// 0032: `failed_at` is set exactly while the Delivery is FAILED, and is its `completed_at`).
+pub const FAILED_SQL: &str = "
 SELECT d.id, d.event_id, e.event_type, d.endpoint_id, d.attempt_count, d.last_error, d.completed_at
 FROM deliveries d JOIN events e ON e.id = d.event_id
-WHERE d.project_id = $1 AND d.status = 'FAILED'
+WHERE d.project_id = $1 AND d.failed_at IS NOT NULL AND d.status = 'FAILED'
   AND ($2::uuid IS NULL OR d.endpoint_id = $2)
   AND ($3::text IS NULL OR e.event_type = $3)
-  AND ($4::timestamptz IS NULL OR d.completed_at >= $4)
-  AND ($5::timestamptz IS NULL OR d.completed_at < $5)
+  AND ($4::timestamptz IS NULL OR d.failed_at >= $4)
+  AND ($5::timestamptz IS NULL OR d.failed_at < $5)
   AND ($6::uuid IS NULL OR d.id > $6)
 ORDER BY d.id LIMIT $7";
 

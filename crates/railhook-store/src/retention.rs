@@ -150,7 +150,7 @@ pub type EventCursor = (DateTime<Utc>, Uuid);
 /// Before every Event (a plain row comparison, so the walk is an index range scan).
 pub const EVENTS_START: EventCursor = (DateTime::<Utc>::UNIX_EPOCH, Uuid::nil());
 
-const EVENTS_SQL: &str = "
+pub const EVENTS_SQL: &str = "
 WITH c AS (
     SELECT e.id, e.created_at FROM events e
     WHERE e.project_id = $1 AND e.created_at < $2

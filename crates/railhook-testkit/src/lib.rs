@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+pub mod bigdb;
 pub mod kafka;
 pub mod pg;
 pub mod relay;

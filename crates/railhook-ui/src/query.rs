@@ -51,17 +51,23 @@ FROM (
     ORDER BY created_at DESC LIMIT $2
 ) newest";
 
-/// The PENDING set is what `deliveries_due_idx` (partial, `WHERE status = 'PENDING'`) holds.
-/// `OFFSET 0` keeps the planner from answering `min` by walking `deliveries_project_idx` in
-/// creation order until the first PENDING row: with a recent backlog that read 980,000 rows
-/// of a 1,000,000-Delivery project (450 ms; tests/ui/bigdb), this reads the PENDING set.
-const OLDEST_PENDING_SQL: &str =
-    "SELECT min(created_at) FROM (SELECT created_at FROM deliveries WHERE status = 'PENDING' AND project_id = $1 OFFSET 0) p";
+/// The PENDING set is among the open Deliveries (`open_deliveries`, migration 0032; its key
+/// is the Delivery's id, a UUIDv7, so its order is creation order): the first of the
+/// project's open Deliveries that is PENDING, in id order, reading the PENDING and
+/// PROCESSING ones before it, each by primary key (`OFFSET 0`: not a read of `deliveries`
+/// whole when the planner takes PENDING for rare). Walking `deliveries_project_idx` in creation order until the
+/// first PENDING row instead read 980,000 rows of a 1,000,000-Delivery project with a recent
+/// backlog (450 ms; tests/ui/bigdb).
+const OLDEST_PENDING_SQL: &str = "
+SELECT (SELECT d.created_at FROM open_deliveries o
+        CROSS JOIN LATERAL (SELECT dl.created_at, dl.status FROM deliveries dl WHERE dl.id = o.delivery_id OFFSET 0) d
+        WHERE o.project_id = $1 AND d.status = 'PENDING' ORDER BY o.delivery_id LIMIT 1)";
 
-/// The oldest PROCESSING Delivery's creation, from `deliveries_processing_idx` (partial,
-/// `(project_id, endpoint_id) WHERE status = 'PROCESSING'`).
-const OLDEST_PROCESSING_SQL: &str =
-    "SELECT min(created_at) FROM (SELECT created_at FROM deliveries WHERE status = 'PROCESSING' AND project_id = $1 OFFSET 0) p";
+/// The oldest PROCESSING Delivery's creation, from its Claims (`delivery_claims`, whose key
+/// leads with the project).
+const OLDEST_PROCESSING_SQL: &str = "
+SELECT min(d.created_at) FROM deliveries d
+WHERE d.id = ANY (ARRAY(SELECT c.delivery_id FROM delivery_claims c WHERE c.project_id = $1)) AND d.status = 'PROCESSING'";
 
 /// How long the list waits for [`oldest_of`]; past it the list goes without the bound.
 const OLDEST_TIMEOUT: &str = "SET LOCAL statement_timeout = '150ms'";
@@ -84,11 +90,12 @@ pub async fn oldest_of(client: &mut deadpool_postgres::Client, project: ProjectI
     Ok(row.map(|r| r.try_get(0)).transpose()?)
 }
 
-/// `deliveries_failed_idx (project_id, completed_at) WHERE status = 'FAILED'`.
+/// `deliveries_failed_idx (project_id, failed_at) WHERE failed_at IS NOT NULL` (migration
+/// 0032: set exactly while FAILED).
 const FAILED_SQL: &str = "
 SELECT count(*) FROM (
     SELECT 1 FROM deliveries
-    WHERE project_id = $1 AND status = 'FAILED' AND completed_at >= now() - interval '1 hour'
+    WHERE project_id = $1 AND failed_at >= now() - interval '1 hour' AND status = 'FAILED'
     LIMIT $2
 ) f";
 
@@ -172,13 +179,14 @@ pub struct EndpointHealth {
 }
 
 /// Health of the listed Endpoints of the project: the circuit row (primary key), PROCESSING
-/// count (`deliveries_processing_idx`: project, endpoint), FAILED in the last hour
+/// count (its Claims, `delivery_claims`: project, endpoint), FAILED in the last hour
 /// (`deliveries_failed_idx`, bounded).
 const HEALTH_SQL: &str = "
 SELECT e.id, coalesce(c.state, 'closed'), c.opened_at, coalesce(c.successes, 0), coalesce(c.failures, 0),
-       (SELECT count(*) FROM deliveries d WHERE d.project_id = $1 AND d.endpoint_id = e.id AND d.status = 'PROCESSING'),
+       (SELECT count(*) FROM delivery_claims dc JOIN deliveries d ON d.id = dc.delivery_id AND d.claim_token = dc.claim_token
+        WHERE dc.project_id = $1 AND dc.endpoint_id = e.id AND d.status = 'PROCESSING'),
        (SELECT count(*) FROM (SELECT 1 FROM deliveries d
-            WHERE d.project_id = $1 AND d.status = 'FAILED' AND d.completed_at >= now() - interval '1 hour'
+            WHERE d.project_id = $1 AND d.failed_at >= now() - interval '1 hour' AND d.status = 'FAILED'
               AND d.endpoint_id = e.id LIMIT 10000) f)
 FROM endpoints e LEFT JOIN circuits c ON c.target_id = e.id
 WHERE e.project_id = $1 AND e.id = ANY($2::uuid[])";
@@ -342,6 +350,29 @@ mod tests {
         let row = bounded(&mut tx, "SELECT 41 + 1", &[]).await.expect("no error").expect("a row");
         assert_eq!(row.get::<_, i32>(0), 42);
         assert!(bounded(&mut tx, "SELECT no_such_column", &[]).await.is_err(), "other errors stay errors");
+    }
+
+    /// The dashboard's own readers of `deliveries` keep an index plan on a big database after
+    /// migration 0032 (the PENDING, PROCESSING and FAILED sets out of the partial indexes on
+    /// `status`): custom and generic plans, neither reading `deliveries` or `events` whole.
+    #[tokio::test]
+    async fn every_reader_keeps_an_index_plan_on_a_big_database() {
+        use railhook_testkit::bigdb::{assert_index_plans, BigDb};
+        let big = BigDb::new().await;
+        let c = big.db.client().await;
+        let project = format!("'{}'::uuid", big.project);
+        let endpoints = format!("ARRAY['{}', '{}']::uuid[]", big.endpoints[0], big.endpoints[1]);
+        for (what, sql, args, uses) in [
+            ("oldest PENDING", OLDEST_PENDING_SQL, project.clone(), vec!["open_deliveries_pkey", "deliveries_pkey"]),
+            ("oldest PROCESSING", OLDEST_PROCESSING_SQL, project.clone(), vec!["delivery_claims", "deliveries_pkey"]),
+            ("failed in the last hour", FAILED_SQL, format!("{project}, {SAMPLE}"), vec!["deliveries_failed_idx"]),
+            ("outcomes of the last hour", OUTCOME_SQL, format!("{project}, {SAMPLE}"), vec!["deliveries_project_idx"]),
+            ("Endpoint health", HEALTH_SQL, format!("{project}, {endpoints}"), vec!["delivery_claims", "deliveries_failed_idx"]),
+            ("by event type", BY_TYPE_SQL, format!("{project}, 'order.paid', NULL, NULL, NULL, NULL, NULL, 51"), vec![]),
+            ("by event type, FAILED", BY_TYPE_SQL, format!("{project}, 'order.paid', 'FAILED', NULL, NULL, NULL, NULL, 51"), vec![]),
+        ] {
+            assert_index_plans(&c, what, sql, &args, &uses).await;
+        }
     }
 
     #[test]

@@ -437,6 +437,15 @@ async fn status_and_time_filtered_lists_miss_nothing() {
             .unwrap();
         ids.insert(status, DeliveryId(row.get(0)).to_string());
     }
+    // A PROCESSING Delivery holds a Claim, whose row the claim writes with it (migration 0032).
+    client
+        .batch_execute(
+            "UPDATE deliveries SET claim_token = gen_random_uuid(), claimed_at = now() WHERE status = 'PROCESSING';
+             INSERT INTO delivery_claims (project_id, endpoint_id, delivery_id, claim_token)
+             SELECT project_id, endpoint_id, id, claim_token FROM deliveries WHERE status = 'PROCESSING'",
+        )
+        .await
+        .unwrap();
     let session = ui.sign_in(&key).await;
     let pending = ui.get("/ui/deliveries?status=PENDING", &session).await;
     assert!(pending.body.contains(&ids["PENDING"]) && pending.body.contains(&ids["PENDING2"]), "{}", pending.body);

@@ -654,6 +654,14 @@ async fn after_restart(client: &deadpool_postgres::Object, seen: Option<chrono::
     if seen == Some(started) {
         return seen;
     }
+    match lifecycle::restore_claims(&***client).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(deliveries = n, "PROCESSING Deliveries without a Claim's row in delivery_claims: restored (the stuck sweep reads them)"),
+        Err(e) => {
+            tracing::warn!(error = %e, "restoring Claims' rows failed; retrying");
+            return seen;
+        }
+    }
     match lifecycle::reannounce_after_restart(&***client, SWEEP_BATCH).await {
         Ok(n) => {
             metrics.swept.with_label_values(&["after_restart"]).inc_by(n);

@@ -37,13 +37,17 @@ pub const LIVE_WAIT_LIMIT: Duration = Duration::from_millis(50);
 pub const MAX_HOLDS: u32 = 10;
 
 /// Due, unclaimed Deliveries (not parked), at most `$1` of them: how many a Replay made, and
-/// how long the live one that waits longest has waited since it became due (ms). By `deliveries_due_idx` (PENDING only), so
-/// its cost is bounded by `$1` rows.
-const PRESSURE_SQL: &str = "
+/// how long the live one that waits longest has waited since it became due (ms). Through
+/// `open_deliveries` (the Deliveries not ended, migration 0032), so its cost is bounded by
+/// `$1` rows and the open Deliveries before them.
+pub const PRESSURE_SQL: &str = "
 SELECT count(*) FILTER (WHERE replay_id IS NOT NULL),
        COALESCE(EXTRACT(EPOCH FROM now() - min(due) FILTER (WHERE replay_id IS NULL)) * 1000, 0)::float8
-FROM (SELECT replay_id, COALESCE(next_retry_at, created_at) AS due FROM deliveries
-      WHERE status = 'PENDING' AND (next_retry_at IS NULL OR next_retry_at <= now()) AND parked_at IS NULL
+FROM (SELECT d.replay_id, COALESCE(d.next_retry_at, d.created_at) AS due
+      FROM open_deliveries o
+      CROSS JOIN LATERAL (SELECT dl.replay_id, dl.next_retry_at, dl.created_at, dl.status, dl.parked_at
+                          FROM deliveries dl WHERE dl.id = o.delivery_id OFFSET 0) d
+      WHERE d.status = 'PENDING' AND (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AND d.parked_at IS NULL
       LIMIT $1) d";
 
 /// Why the runner holds back, if it does.

@@ -102,3 +102,13 @@ async fn deliveries_announced_before_the_server_started_are_announced_again_once
     let started = lifecycle::server_started_at(&**client).await.unwrap();
     assert!(started < chrono::Utc::now());
 }
+
+/// The Replays' pressure check (`replays::PRESSURE_SQL`) reads the open Deliveries
+/// (`open_deliveries`, migration 0032), not `deliveries` whole, on a big database.
+#[tokio::test]
+async fn the_replays_pressure_check_keeps_an_index_plan_on_a_big_database() {
+    use railhook_testkit::bigdb::{assert_index_plans, BigDb};
+    let big = BigDb::new().await;
+    let c = big.db.client().await;
+    assert_index_plans(&c, "Replays' pressure", railhook_worker::replays::PRESSURE_SQL, "1100", &["open_deliveries", "deliveries_pkey"]).await;
+}

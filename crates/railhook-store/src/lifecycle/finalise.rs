@@ -168,19 +168,22 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
 }
 
 /// A Deferral, or a Claim given back at shutdown: back to PENDING, due at `at`, no Attempt
-/// spent. Conditional on the Claim like every other write.
+/// spent, and the Claim's row in `delivery_claims` gone with it. Conditional on the Claim
+/// like every other write.
 pub async fn release<C: Prepared>(db: &C, delivery: DeliveryId, token: ClaimToken, at: Option<DateTime<Utc>>) -> Result<bool, tokio_postgres::Error> {
     let release = db
         .prepare_cached(
-            "UPDATE deliveries SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, next_retry_at = $3, updated_at = now()
-             WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING'",
+            "WITH released AS (
+                 UPDATE deliveries SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, next_retry_at = $3, updated_at = now()
+                 WHERE id = $1 AND claim_token = $2 AND status = 'PROCESSING'
+                 RETURNING id, project_id, endpoint_id
+             ), unclaimed AS (
+                 DELETE FROM delivery_claims c USING released r
+                 WHERE c.project_id = r.project_id AND c.endpoint_id = r.endpoint_id AND c.delivery_id = r.id
+             )
+             SELECT count(*) FROM released",
         )
         .await?;
-    let n = db
-        .execute(
-            &release,
-            &[&delivery, &token, &at],
-        )
-        .await?;
+    let n: i64 = db.query_one(&release, &[&delivery, &token, &at]).await?.try_get(0)?;
     Ok(n == 1)
 }

@@ -401,7 +401,7 @@ WITH due AS (
     SELECT id FROM fair WHERE n_destination <= $2::bigint AND n_project <= $3::bigint
     ORDER BY n_destination, next_retry_at LIMIT $1
 ), tokened AS (
-    UPDATE forwards f SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
+    UPDATE forwards f SET claim_token = coalesce(f.claim_token, gen_random_uuid()), last_announced_at = now(), updated_at = now()
     FROM picked WHERE f.id = picked.id
     RETURNING f.id, f.project_id, f.destination_id, f.claim_token
 ), announced AS (

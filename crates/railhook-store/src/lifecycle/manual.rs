@@ -13,14 +13,15 @@ use crate::StoreError;
 /// The SET list that puts a Delivery back on its Retry Ladder, `$extra` Attempts beyond those
 /// it made: PENDING, due at once, no Claim, not completed, a new ladder window. It also
 /// counts as announced now (the Outbox row goes in with it), so the stranded sweep does not
-/// announce it a second time.
+/// announce it a second time. Its row in `open_deliveries` comes back with it (the trigger
+/// `deliveries_reopened`, migration 0032).
 macro_rules! back_on_the_ladder {
     ($extra:literal) => {
         concat!(
             "status = 'PENDING', max_attempts = attempt_count + ",
             $extra,
             ", next_retry_at = NULL,
-             claim_token = NULL, claimed_at = NULL, completed_at = NULL,
+             claim_token = NULL, claimed_at = NULL, completed_at = NULL, failed_at = NULL,
              ladder_started_at = now(), last_announced_at = now(), updated_at = now()"
         )
     };
@@ -29,7 +30,7 @@ macro_rules! back_on_the_ladder {
 /// One Delivery. `target` locks the row and, after waiting for a concurrent writer, sees
 /// its committed status, so the answer (retried, or the status that prevented it) is
 /// never stale. It is announced in the same statement as the update (`railhook_announce`).
-const RETRY_SQL: &str = concat!(
+pub const RETRY_SQL: &str = concat!(
     "
 WITH target AS (
     SELECT id, status FROM deliveries WHERE id = $1 AND project_id = $2 FOR UPDATE
@@ -104,18 +105,18 @@ pub struct BulkRetry {
 /// two bulk retries run side by side without waiting on each other or retrying a row twice.
 /// `requested` is the listed ids as the statement's snapshot sees them, to say why one was
 /// skipped.
-const BULK_RETRY_SQL: &str = concat!(
+pub const BULK_RETRY_SQL: &str = concat!(
     "
 WITH requested AS (
     SELECT id, status FROM deliveries WHERE project_id = $1 AND id = ANY($2::uuid[])
 ), picked AS (
     SELECT d.id FROM deliveries d
-    WHERE d.project_id = $1 AND d.status = 'FAILED'
+    WHERE d.project_id = $1 AND d.failed_at IS NOT NULL AND d.status = 'FAILED'
       AND ($2::uuid[] IS NULL OR d.id = ANY($2::uuid[]))
       AND ($4::uuid IS NULL OR d.endpoint_id = $4)
       AND ($5::text IS NULL OR EXISTS (SELECT 1 FROM events e WHERE e.id = d.event_id AND e.event_type = $5))
-      AND ($6::timestamptz IS NULL OR d.completed_at >= $6)
-      AND ($7::timestamptz IS NULL OR d.completed_at < $7)
+      AND ($6::timestamptz IS NULL OR d.failed_at >= $6)
+      AND ($7::timestamptz IS NULL OR d.failed_at < $7)
     ORDER BY d.id
     LIMIT $8
     FOR UPDATE SKIP LOCKED

@@ -37,6 +37,15 @@
 //! SUCCESS is final. Every write on a claimed row is conditional on its `claim_token` (the
 //! fence); every write on an unclaimed row is conditional on the state it read.
 //!
+//! # Where the sets live (migration 0032: HOT claim and finalise)
+//!
+//! No index of `deliveries` uses a column a first Attempt's claim or finalise changes. The
+//! PROCESSING Deliveries are found through `delivery_claims` (written with the claim, deleted
+//! with whatever ends the Claim), the open ones (PENDING or PROCESSING) through
+//! `open_deliveries` (filled by triggers on insert and reopening, emptied by the finalise
+//! and the hard cap), due retries through `deliveries_due_idx` on `next_retry_at`, Failed
+//! Messages through `failed_at`. Every reader checks `status` on the Delivery itself.
+//!
 //! # Announcements
 //!
 //! Every statement above that announces (the ingest, the scheduler, the sweeps, the relay's
@@ -63,7 +72,7 @@ pub mod schedule;
 
 pub use claim::{claim_batch, claim_batch_finishing, park_held, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
-pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
+pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, restore_claims, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 
 /// The repeatable SQL of the lifecycle's rules: (name, text). Applied by the migrator.
 pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql")), ("announce", include_str!("announce.sql"))];

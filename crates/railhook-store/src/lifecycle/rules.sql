@@ -241,9 +241,12 @@ BEGIN
         IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
             ep_j := array_position(ep_keys, d.endpoint_id);
             IF ep_j IS NULL THEN
-                SELECT count(*) INTO n FROM deliveries
-                WHERE project_id = d.project_id AND endpoint_id = d.endpoint_id AND status = 'PROCESSING'
-                  AND NOT coalesce(claim_token = ANY (p_finishing), false);
+                -- The Claims' rows (migration 0032), each checked against its Delivery, so
+                -- a row some writer left behind never counts.
+                SELECT count(*) INTO n FROM delivery_claims c
+                JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                WHERE c.project_id = d.project_id AND c.endpoint_id = d.endpoint_id
+                  AND NOT coalesce(c.claim_token = ANY (p_finishing), false);
                 ep_keys := ep_keys || d.endpoint_id;
                 ep_counts := ep_counts || n;
                 ep_j := cardinality(ep_keys);
@@ -256,8 +259,10 @@ BEGIN
         IF reason IS NULL AND p_project_concurrency > 0 THEN
             pr_j := array_position(pr_keys, d.project_id);
             IF pr_j IS NULL THEN
-                SELECT count(*) INTO n FROM deliveries WHERE project_id = d.project_id AND status = 'PROCESSING'
-                  AND NOT coalesce(claim_token = ANY (p_finishing), false);
+                SELECT count(*) INTO n FROM delivery_claims c
+                JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                WHERE c.project_id = d.project_id
+                  AND NOT coalesce(c.claim_token = ANY (p_finishing), false);
                 pr_keys := pr_keys || d.project_id;
                 pr_counts := pr_counts || n;
                 pr_j := cardinality(pr_keys);
@@ -302,8 +307,23 @@ BEGIN
 
         -- Conditional like every other write: the retry scheduler takes PENDING rows without
         -- these locks, and a row it took since the SELECT above is its, not this claim's.
-        UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(), updated_at = now()
-        WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
+        -- HOT (migration 0032): no index of `deliveries` uses a column this changes on a
+        -- first Attempt (`next_retry_at` is NULL already; on the retry path it is cleared, so
+        -- `deliveries_due_idx` holds PENDING rows only). The Claim's row in
+        -- `delivery_claims` goes in with it, in the same statement: a Delivery is never
+        -- PROCESSING without one (the counts above and the stuck sweep read them).
+        WITH claimed AS (
+            UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(),
+                                  next_retry_at = NULL, updated_at = now()
+            WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i]
+            RETURNING id, project_id, endpoint_id, claim_token, claimed_at
+        )
+        INSERT INTO delivery_claims AS c (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
+        SELECT project_id, endpoint_id, id, claim_token, claimed_at FROM claimed
+        -- A row left behind by a Claim that ended without taking it (a writer of the previous
+        -- build) is this Claim's now.
+        ON CONFLICT (project_id, endpoint_id, delivery_id) DO UPDATE
+            SET claim_token = excluded.claim_token, claimed_at = excluded.claimed_at;
         IF NOT FOUND THEN
             idx := i; outcome := 'none'; RETURN NEXT;
             CONTINUE;
@@ -384,7 +404,12 @@ BEGIN
             THEN now()
             ELSE coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s) END
     WHERE d.id = p_delivery AND d.claim_token = p_token AND d.status = 'PROCESSING';
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM delivery_claims c USING deliveries d
+    WHERE d.id = p_delivery AND c.project_id = d.project_id AND c.endpoint_id = d.endpoint_id AND c.delivery_id = d.id;
+    RETURN true;
 END
 $$;
 
@@ -471,7 +496,15 @@ BEGIN
             updated_at = now()
         FROM input i
         WHERE d.id = i.delivery AND d.claim_token = i.token AND d.status = 'PROCESSING'
-        RETURNING i.n, d.endpoint_id, d.sequence_number, d.status
+        RETURNING i.n, d.id, d.project_id, d.endpoint_id, d.sequence_number, d.status
+    ), unclaimed AS (
+        -- The Claim ends with the fence held; and an ended Delivery is no longer open
+        -- (migration 0032). Both by primary key.
+        DELETE FROM delivery_claims c USING done
+        WHERE c.project_id = done.project_id AND c.endpoint_id = done.endpoint_id AND c.delivery_id = done.id
+    ), closed AS (
+        DELETE FROM open_deliveries o USING done
+        WHERE o.delivery_id = done.id AND done.status IN ('SUCCESS', 'FAILED')
     )
     SELECT coalesce(array_agg(done.n::integer), '{}'),
            array_agg(done.n::integer) FILTER (WHERE done.sequence_number IS NOT NULL),

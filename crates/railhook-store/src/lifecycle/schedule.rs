@@ -12,9 +12,12 @@ use uuid::Uuid;
 /// announced in the same statement through the outbox (reason `retry`, with the token), so
 /// ownership passes with the announcement and cannot be lost between the two. A row still
 /// carrying a scheduler token `$4` seconds after its announcement was not claimed (the hint
-/// was lost): it is tokened and announced again, and the old token's hint then claims
-/// nothing.
-const SCHEDULE_SQL: &str = "
+/// was lost, or is late): it is announced again under the same token, so whichever of its
+/// hints comes first claims it. (A new token per re-announcement made every hint older than
+/// the last one claim nothing: a worker further behind than `$4` never caught up; the
+/// 50,000-event chaos run of the tenth session.) The next round, after a finalise or a
+/// Deferral cleared the token, gets a new one, so an earlier round's hint claims nothing.
+pub const SCHEDULE_SQL: &str = "
 WITH due AS (
     SELECT id, project_id, endpoint_id, next_retry_at FROM deliveries
     WHERE status = 'PENDING' AND next_retry_at <= now()
@@ -33,7 +36,7 @@ WITH due AS (
     ORDER BY n_endpoint, next_retry_at
     LIMIT $1
 ), tokened AS (
-    UPDATE deliveries d SET claim_token = gen_random_uuid(), last_announced_at = now(), updated_at = now()
+    UPDATE deliveries d SET claim_token = coalesce(d.claim_token, gen_random_uuid()), last_announced_at = now(), updated_at = now()
     FROM picked WHERE d.id = picked.id
     RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token
 ), announced AS (
@@ -48,29 +51,53 @@ pub async fn schedule_due(db: &impl GenericClient, limit: i64, per_endpoint: i64
 
 /// Sweep 6.4 (a): PROCESSING for longer than `older_than_s` goes back to PENDING with the
 /// token cleared and is announced again (reason `reannounce`); bounded by `limit`.
-const SWEEP_STUCK_SQL: &str = "
-WITH stuck AS (
-    SELECT id FROM deliveries
-    WHERE status = 'PROCESSING' AND claimed_at < now() - make_interval(secs => $1)
-    ORDER BY claimed_at LIMIT $2 FOR UPDATE SKIP LOCKED
+///
+/// Found through `delivery_claims` (migration 0032: the claim writes a Claim's row in the
+/// statement that makes the Delivery PROCESSING). A Claim's row that is as old and whose
+/// Delivery is not PROCESSING under its token any more (or is gone) was left behind by a
+/// writer that did not take it along (the counts already ignore it, checking the Delivery);
+/// it goes too, so the table stays the size of the Claims. A Delivery another transaction
+/// holds (its finalise, right now) is skipped with its row.
+pub const SWEEP_STUCK_SQL: &str = "
+WITH old AS (
+    SELECT c.project_id, c.endpoint_id, c.delivery_id, c.claim_token FROM delivery_claims c
+    WHERE c.claimed_at < now() - make_interval(secs => $1)
+    ORDER BY c.claimed_at LIMIT $2 FOR UPDATE SKIP LOCKED
+), stuck AS (
+    SELECT d.id FROM old JOIN deliveries d ON d.id = old.delivery_id
+    WHERE d.status = 'PROCESSING' AND d.claim_token = old.claim_token
+    FOR UPDATE OF d SKIP LOCKED
 ), reset AS (
     UPDATE deliveries d SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, next_retry_at = NULL,
                             last_announced_at = now(), updated_at = now()
     FROM stuck WHERE d.id = stuck.id
     RETURNING d.id, d.project_id, d.endpoint_id
+), unclaimed AS (
+    DELETE FROM delivery_claims c USING old
+    WHERE c.project_id = old.project_id AND c.endpoint_id = old.endpoint_id AND c.delivery_id = old.delivery_id
+      AND (old.delivery_id IN (SELECT id FROM reset)
+           OR NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.id = old.delivery_id
+                          AND d.status = 'PROCESSING' AND d.claim_token = old.claim_token))
 ), announced AS (
     SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $3) AS n FROM reset
 )
 SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// Sweep 6.4 (b): PENDING and not announced for `older_than_s` (its announcement was lost):
-/// announced again, the scheduler's token (if any) cleared; bounded by `limit`.
-const SWEEP_STRANDED_SQL: &str = "
+/// announced again, the scheduler's token (if any) cleared; bounded by `limit`. Read through
+/// `open_deliveries` (every PENDING Delivery has its row there; migration 0032).
+///
+/// The readers of the open set name their rows as `= ANY (ARRAY(SELECT ... FROM
+/// open_deliveries))`, looked up by primary key: with a join, a planner that takes the
+/// filter on `status` for very selective (PROCESSING is rare) reads `deliveries` whole
+/// instead (tests/plans.rs).
+pub const SWEEP_STRANDED_SQL: &str = "
 WITH stranded AS (
-    SELECT id FROM deliveries
-    WHERE status = 'PENDING' AND last_announced_at < now() - make_interval(secs => $1)
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
-    ORDER BY last_announced_at LIMIT $2 FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.last_announced_at < now() - make_interval(secs => $1)
+      AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+    ORDER BY d.last_announced_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED
 ), reset AS (
     UPDATE deliveries d SET claim_token = NULL, last_announced_at = now(), updated_at = now()
     FROM stranded WHERE d.id = stranded.id
@@ -81,16 +108,43 @@ WITH stranded AS (
 SELECT reset.id FROM reset CROSS JOIN announced";
 
 /// Sweep 6.4 (c): the hard cap. PENDING Deliveries whose ladder started more than
-/// `max_age_s` ago go to Failed Messages.
-const SWEEP_CAPPED_SQL: &str = "
+/// `max_age_s` ago go to Failed Messages (and out of `open_deliveries`).
+pub const SWEEP_CAPPED_SQL: &str = "
 WITH capped AS (
-    SELECT id FROM deliveries
-    WHERE status = 'PENDING' AND ladder_started_at < now() - make_interval(secs => $1)
-    ORDER BY ladder_started_at LIMIT $2 FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.ladder_started_at < now() - make_interval(secs => $1)
+    ORDER BY d.ladder_started_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED
+), failed AS (
+    UPDATE deliveries d SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
+                            last_error = coalesce(d.last_error || '; ', '') || 'hard cap reached', updated_at = now()
+    FROM capped WHERE d.id = capped.id
+    RETURNING d.id
+), closed AS (
+    DELETE FROM open_deliveries o USING failed WHERE o.delivery_id = failed.id
 )
-UPDATE deliveries d SET status = 'FAILED', claim_token = NULL, next_retry_at = NULL, completed_at = now(),
-                        last_error = coalesce(d.last_error || '; ', '') || 'hard cap reached', updated_at = now()
-FROM capped WHERE d.id = capped.id";
+SELECT count(*) FROM failed";
+
+/// Rows of `open_deliveries` whose Delivery ended (or is gone) without taking its row along:
+/// a writer of the previous build, a cascade from a deleted Event or Endpoint. Harmless to
+/// the readers, which filter on the Delivery; deleted here so the table stays the size of
+/// the open set. The ended Delivery's row is locked (SKIP LOCKED), so a person's retry
+/// that reopens it meanwhile keeps its row.
+pub const SWEEP_CLOSED_SQL: &str = "
+WITH ended AS (
+    SELECT o.delivery_id FROM open_deliveries o JOIN deliveries d ON d.id = o.delivery_id
+    WHERE d.status IN ('SUCCESS', 'FAILED')
+    LIMIT $1 FOR UPDATE OF d SKIP LOCKED
+), gone AS (
+    SELECT o.delivery_id FROM open_deliveries o
+    WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.id = o.delivery_id)
+    LIMIT $1
+), closed AS (
+    DELETE FROM open_deliveries o
+    WHERE o.delivery_id IN (SELECT delivery_id FROM ended UNION ALL SELECT delivery_id FROM gone)
+    RETURNING 1
+)
+SELECT count(*) FROM closed";
 
 /// The incoming hard cap: PENDING Forwards whose ladder started more than `max_age_s` ago
 /// (24 h by default) go to Failed Messages.
@@ -116,13 +170,14 @@ FROM capped WHERE f.id = capped.id";
 /// so the statement finds nothing once it has run, and a clean restart costs at most one
 /// extra hint per waiting Delivery, which the Claim absorbs. Rows with a scheduler token
 /// are the retry scheduler's (`worker.retry_reannounce_after_seconds`).
-const REANNOUNCE_AFTER_RESTART_SQL: &str = "
+pub const REANNOUNCE_AFTER_RESTART_SQL: &str = "
 WITH forgotten AS (
-    SELECT id FROM deliveries
-    WHERE status = 'PENDING' AND claim_token IS NULL
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
-      AND last_announced_at < pg_postmaster_start_time()
-    ORDER BY last_announced_at LIMIT $1 FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM deliveries d
+    WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+      AND d.status = 'PENDING' AND d.claim_token IS NULL
+      AND (d.next_retry_at IS NULL OR d.next_retry_at <= now())
+      AND d.last_announced_at < pg_postmaster_start_time()
+    ORDER BY d.last_announced_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED
 ), marked AS (
     UPDATE deliveries d SET last_announced_at = now(), updated_at = now()
     FROM forgotten WHERE d.id = forgotten.id
@@ -131,6 +186,23 @@ WITH forgotten AS (
     SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $2) AS n FROM marked
 )
 SELECT marked.id FROM marked CROSS JOIN announced";
+
+/// Every PROCESSING Delivery gets its Claim's row in `delivery_claims` if it has none (a
+/// claim of the previous build's `railhook_claim_batch`, in the moment between migration
+/// 0032 and the rules that write the row, made none); how many. Without its row the stuck
+/// sweep would never find such a Delivery. The worker runs it with
+/// [`reannounce_after_restart`], once per server start it sees (so at its own start too).
+pub const RESTORE_CLAIMS_SQL: &str = "
+INSERT INTO delivery_claims (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
+SELECT d.project_id, d.endpoint_id, d.id, d.claim_token, coalesce(d.claimed_at, now())
+FROM deliveries d
+WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
+  AND d.status = 'PROCESSING' AND d.claim_token IS NOT NULL
+ON CONFLICT (project_id, endpoint_id, delivery_id) DO NOTHING";
+
+pub async fn restore_claims(db: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
+    db.execute(RESTORE_CLAIMS_SQL, &[]).await
+}
 
 /// When the Postgres server (its postmaster) started: a change means it restarted.
 pub async fn server_started_at(db: &impl GenericClient) -> Result<chrono::DateTime<chrono::Utc>, tokio_postgres::Error> {
@@ -182,7 +254,8 @@ pub async fn sweep(client: &mut deadpool_postgres::Object, l: &SweepLimits) -> R
     }
     let stuck = tx.query(SWEEP_STUCK_SQL, &[&l.processing_timeout_s, &l.batch, &AnnouncementReason::Reannounce.as_str()]).await?.len() as u64;
     let stranded = tx.query(SWEEP_STRANDED_SQL, &[&l.stranded_s, &l.batch, &AnnouncementReason::Reannounce.as_str()]).await?.len() as u64;
-    let capped = tx.execute(SWEEP_CAPPED_SQL, &[&l.outgoing_max_age_s, &l.batch]).await?;
+    let capped = tx.query_one(SWEEP_CAPPED_SQL, &[&l.outgoing_max_age_s, &l.batch]).await?.try_get::<_, i64>(0)? as u64;
+    tx.query_one(SWEEP_CLOSED_SQL, &[&l.batch]).await?;
     let capped_forwards = tx.execute(SWEEP_CAPPED_FORWARDS_SQL, &[&l.incoming_max_age_s, &l.batch]).await?;
     tx.commit().await?;
     Ok(Some(Swept { stuck, stranded, capped, capped_forwards }))
@@ -197,17 +270,15 @@ pub struct QueueGauges {
     pub parked: i64,
 }
 
-pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
-    let row = db
-        .query_one(
-            "SELECT count(*) FILTER (WHERE due),
+/// The gauges' statement: the PENDING Deliveries among the open ones (`open_deliveries`).
+pub const QUEUE_GAUGES_SQL: &str = "SELECT count(*) FILTER (WHERE due),
                     coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)) FILTER (WHERE due))::float8, 0),
                     count(*) FILTER (WHERE parked_at IS NOT NULL AND NOT due)
-             FROM (SELECT next_retry_at, created_at, parked_at, (next_retry_at IS NULL OR next_retry_at <= now()) AS due
-                   FROM deliveries WHERE status = 'PENDING') pending",
-            &[],
-        )
-        .await?;
+             FROM (SELECT d.next_retry_at, d.created_at, d.parked_at, (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AS due
+                   FROM deliveries d WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries)) AND d.status = 'PENDING') pending";
+
+pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
+    let row = db.query_one(QUEUE_GAUGES_SQL, &[]).await?;
     Ok(QueueGauges { due: row.try_get(0)?, oldest_due_age_s: row.try_get(1)?, parked: row.try_get(2)? })
 }
 
@@ -223,11 +294,15 @@ pub const REANNOUNCE_BATCH: i64 = 5_000;
 /// new slot will decode. The obligation never lived in Kafka; it lives in the row's status,
 /// so Postgres is asked again. Rows with `next_retry_at` set belong to the retry scheduler.
 /// Duplicates (a row announced twice) are absorbed by the Claim.
-const REANNOUNCE_DELIVERIES_SQL: &str = "
+pub const REANNOUNCE_DELIVERIES_SQL: &str = "
 WITH batch AS (
-    SELECT id, project_id, endpoint_id FROM deliveries
-    WHERE status = 'PENDING' AND claim_token IS NULL AND next_retry_at IS NULL AND id > $1
-    ORDER BY id LIMIT $2
+    -- The open Deliveries in id order, each looked up by primary key (OFFSET 0 keeps the
+    -- planner from turning the lookup into a read of `deliveries` whole).
+    SELECT d.id, d.project_id, d.endpoint_id FROM open_deliveries o
+    CROSS JOIN LATERAL (SELECT dl.id, dl.project_id, dl.endpoint_id, dl.status, dl.claim_token, dl.next_retry_at
+                        FROM deliveries dl WHERE dl.id = o.delivery_id OFFSET 0) d
+    WHERE o.delivery_id > $1 AND d.status = 'PENDING' AND d.claim_token IS NULL AND d.next_retry_at IS NULL
+    ORDER BY o.delivery_id LIMIT $2
 ), marked AS (
     UPDATE deliveries d SET last_announced_at = now() FROM batch WHERE d.id = batch.id
 ), announced AS (
