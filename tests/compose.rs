@@ -95,7 +95,11 @@ fn compose_railhook_services_use_real_settings_and_ports() {
         .as_table()
         .unwrap()
         .iter()
-        .flat_map(|(section, table)| table.as_table().unwrap().keys().map(move |k| format!("{section}.{k}")))
+        .flat_map(|(section, table)| match table.as_table() {
+            Some(t) => t.keys().map(|k| format!("{section}.{k}")).collect::<Vec<_>>(),
+            // A top-level key (`transport`).
+            None => vec![section.clone()],
+        })
         .collect();
     for name in ["migrate", "api", "relay", "worker", "doctor"] {
         let env = c["services"][name]["environment"].as_mapping().unwrap_or_else(|| panic!("{name} has no environment"));

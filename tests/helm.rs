@@ -75,7 +75,11 @@ fn config_keys() -> Vec<String> {
         .as_table()
         .unwrap()
         .iter()
-        .flat_map(|(section, table)| table.as_table().unwrap().keys().map(move |k| format!("{section}.{k}")))
+        .flat_map(|(section, table)| match table.as_table() {
+            Some(t) => t.keys().map(|k| format!("{section}.{k}")).collect::<Vec<_>>(),
+            // A top-level key (`transport`).
+            None => vec![section.clone()],
+        })
         .collect()
 }
 
