@@ -90,17 +90,7 @@ fn ci_runs_the_readme_test_command() {
 fn compose_railhook_services_use_real_settings_and_ports() {
     let c = compose();
     let defaults = railhook_config::Config::default();
-    let value = toml::Value::try_from(&defaults).unwrap();
-    let keys: Vec<String> = value
-        .as_table()
-        .unwrap()
-        .iter()
-        .flat_map(|(section, table)| match table.as_table() {
-            Some(t) => t.keys().map(|k| format!("{section}.{k}")).collect::<Vec<_>>(),
-            // A top-level key (`transport`).
-            None => vec![section.clone()],
-        })
-        .collect();
+    let keys = railhook_config::Config::keys();
     for name in ["migrate", "api", "relay", "worker", "doctor"] {
         let env = c["services"][name]["environment"].as_mapping().unwrap_or_else(|| panic!("{name} has no environment"));
         for var in env.keys().filter_map(|k| k.as_str()) {

@@ -68,20 +68,6 @@ fn env_of(container: &Value) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Every configuration key, `section.key`.
-fn config_keys() -> Vec<String> {
-    let value = toml::Value::try_from(Config::default()).expect("the defaults as TOML");
-    value
-        .as_table()
-        .unwrap()
-        .iter()
-        .flat_map(|(section, table)| match table.as_table() {
-            Some(t) => t.keys().map(|k| format!("{section}.{k}")).collect::<Vec<_>>(),
-            // A top-level key (`transport`).
-            None => vec![section.clone()],
-        })
-        .collect()
-}
 
 /// A `RAILHOOK_*` variable names a key the binary reads (as `railhook_config::layers` maps it).
 fn assert_known_setting(name: &str, keys: &[String]) {
@@ -100,7 +86,7 @@ fn the_chart_renders_the_components_with_probes_on_their_ports() {
     };
     let docs = render(&helm, &[]);
     let defaults = Config::default();
-    let keys = config_keys();
+    let keys = railhook_config::Config::keys();
     let deployments = of_kind(&docs, "Deployment");
     let mut seen = Vec::new();
     for d in &deployments {

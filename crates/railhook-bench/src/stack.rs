@@ -24,12 +24,7 @@ pub struct Stack {
 impl Stack {
     /// `pipeline`: also run the relay and the worker (e2e); the api alone otherwise.
     pub async fn start(bin: &Path, name: &str, pipeline: bool, tune: impl FnOnce(&mut Config)) -> anyhow::Result<Stack> {
-        let db = TestDb::new().await;
-        let mut config = test_config(&db);
-        config.database.max_connections = Config::default().database.max_connections;
-        config.kafka.partitions = 6;
-        config.telemetry.log_filter = "warn".into();
-        config.api.listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let (db, mut config) = fresh().await?;
         config.relay.ops_listen = format!("127.0.0.1:{}", free_port()?).parse()?;
         config.worker.ops_listen = format!("127.0.0.1:{}", free_port()?).parse()?;
         tune(&mut config);
@@ -61,12 +56,7 @@ impl Stack {
     /// and worker metrics addresses point there). Kafka's topics are made first on Kafka;
     /// inline gets no broker at all.
     pub async fn start_all(bin: &Path, name: &str, transport: railhook_config::TransportKind) -> anyhow::Result<Stack> {
-        let db = TestDb::new().await;
-        let mut config = test_config(&db);
-        config.database.max_connections = Config::default().database.max_connections;
-        config.kafka.partitions = 6;
-        config.telemetry.log_filter = "warn".into();
-        config.api.listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let (db, mut config) = fresh().await?;
         config.relay.ops_listen = config.api.listen;
         config.worker.ops_listen = config.api.listen;
         match transport {
@@ -123,6 +113,18 @@ impl Stack {
             .await
             .ok();
     }
+}
+
+/// A fresh database and the benchmarks' settings for it (the pool size of production, 6
+/// partitions, warnings only, the API on a free port).
+async fn fresh() -> anyhow::Result<(TestDb, Config)> {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.database.max_connections = Config::default().database.max_connections;
+    config.kafka.partitions = 6;
+    config.telemetry.log_filter = "warn".into();
+    config.api.listen = format!("127.0.0.1:{}", free_port()?).parse()?;
+    Ok((db, config))
 }
 
 fn log_dir(name: &str) -> PathBuf {

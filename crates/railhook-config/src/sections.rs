@@ -499,6 +499,19 @@ impl Config {
         }
     }
 
+    /// Every configuration key, `section.key` (and the top-level `transport`): what a
+    /// `RAILHOOK_SECTION__KEY` variable may name (deployment files are checked against it).
+    pub fn keys() -> Vec<String> {
+        let value = toml::Value::try_from(Config::default()).expect("the defaults serialise: every field is a TOML type");
+        let toml::Value::Table(top) = value else { return Vec::new() };
+        top.iter()
+            .flat_map(|(section, v)| match v.as_table() {
+                Some(t) => t.keys().map(|k| format!("{section}.{k}")).collect::<Vec<_>>(),
+                None => vec![section.clone()],
+            })
+            .collect()
+    }
+
     /// Full topic name of the deliveries topic, prefix included.
     pub fn deliveries_topic(&self) -> String {
         format!("{}{}", self.kafka.topic_prefix, self.kafka.deliveries_topic)

@@ -40,6 +40,25 @@ impl Ack {
     }
 }
 
+/// A consume loop's acknowledgements not yet sent, by the hint's sequence number in the
+/// channel (its place, where a Kafka message has its offset).
+#[derive(Debug, Default)]
+pub struct Pending(std::collections::HashMap<i64, Ack>);
+
+impl Pending {
+    /// The hint at `seq` was taken; its acknowledgement waits for [`Pending::done`].
+    pub fn taken(&mut self, seq: i64, ack: Ack) {
+        self.0.insert(seq, ack);
+    }
+
+    /// The claim step of the hint at `seq` is over: acknowledged (once; again is a no-op).
+    pub fn done(&mut self, seq: i64) {
+        if let Some(ack) = self.0.remove(&seq) {
+            ack.done();
+        }
+    }
+}
+
 /// The relay's side: a clone per relay stream.
 #[derive(Debug, Clone)]
 pub struct InlineSender {

@@ -493,7 +493,7 @@ fn store_offset(consumer: &StreamConsumer, topic: &str, tracker: &mut OffsetTrac
 /// is (0, its sequence number) and the end of its claim step acknowledges it to the relay.
 struct Consuming<'a> {
     consumer: Option<&'a StreamConsumer>,
-    acks: std::collections::HashMap<i64, railhook_kafka::inline::Ack>,
+    acks: railhook_kafka::inline::Pending,
     topic: String,
     tracker: OffsetTracker,
     forwarder: Arc<Forwarder>,
@@ -508,9 +508,7 @@ impl Consuming<'_> {
         match self.consumer {
             Some(consumer) => store_offset(consumer, &self.topic, &mut self.tracker, partition, offset),
             None => {
-                if let Some(ack) = self.acks.remove(&offset) {
-                    ack.done();
-                }
+                self.acks.done(offset);
             }
         }
     }
@@ -525,7 +523,7 @@ impl Consuming<'_> {
 
     /// An announcement from this process's relay (the inline transport).
     fn inline(&mut self, inline: railhook_kafka::inline::InlineHint, seq: i64) {
-        self.acks.insert(seq, inline.ack);
+        self.acks.taken(seq, inline.ack);
         let parsed = match inline.announcement.target {
             railhook_kafka::Target::Forward { forward, .. } => Some((forward, inline.announcement.claim_token)),
             railhook_kafka::Target::Delivery { .. } => None,

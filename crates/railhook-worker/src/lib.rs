@@ -173,15 +173,13 @@ struct Offsets<'a> {
     consumer: Option<&'a StreamConsumer>,
     topic: &'a str,
     tracker: consumer::OffsetTracker,
-    acks: std::collections::HashMap<i64, railhook_kafka::inline::Ack>,
+    acks: railhook_kafka::inline::Pending,
 }
 
 impl Offsets<'_> {
     fn done(&mut self, partition: i32, offset: i64) {
         let Some(consumer) = self.consumer else {
-            if let Some(ack) = self.acks.remove(&offset) {
-                ack.done();
-            }
+            self.acks.done(offset);
             return;
         };
         let Some(next) = self.tracker.done(partition, offset) else { return };
@@ -240,7 +238,7 @@ impl Consuming<'_> {
     /// message, its place (0, `seq`), its acknowledgement sent when its claim step is over.
     fn inline(&mut self, inline: railhook_kafka::inline::InlineHint, seq: i64) {
         let received = tokio::time::Instant::now();
-        self.offsets.acks.insert(seq, inline.ack);
+        self.offsets.acks.taken(seq, inline.ack);
         let parsed = match inline.announcement.target {
             railhook_kafka::Target::Delivery { delivery, endpoint } => {
                 Some((endpoint, consumer::Hint { delivery, claim_token: inline.announcement.claim_token, announced_at: None, position: None }))
