@@ -11,7 +11,7 @@ use railhook_config::Config;
 
 /// A free port on 127.0.0.1 (bound, read, released).
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(railhook_testkit::free_port())
 }
 
 /// The `railhook` binary: `--bin`, else `RAILHOOK_BIN`, else next to this executable.

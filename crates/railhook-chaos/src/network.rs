@@ -74,7 +74,7 @@ impl Toxiproxy {
             "no toxiproxy-server at {} (scripts/test and scripts/chaos install it: go install github.com/Shopify/toxiproxy/v2/cmd/server; or set RAILHOOK_TOXIPROXY_BIN)",
             bin.display()
         );
-        let port = railhook_testkit::pg::free_low_port();
+        let port = railhook_testkit::free_port();
         let log = std::fs::File::create(log_dir.join("toxiproxy.log"))?;
         let mut cmd = tokio::process::Command::new(&bin);
         cmd.args(["-host", "127.0.0.1", "-port", &port.to_string()]).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);

@@ -78,7 +78,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         }
         PgCluster::start().await
     };
-    let proxy_ports: HashMap<Link, u16> = if proxied { links.iter().map(|l| (*l, railhook_testkit::pg::free_low_port())).collect() } else { HashMap::new() };
+    let proxy_ports: HashMap<Link, u16> = if proxied { links.iter().map(|l| (*l, railhook_testkit::free_port())).collect() } else { HashMap::new() };
     let listeners: Vec<(&str, u16)> = if proxied {
         KAFKA_LISTENERS.iter().filter_map(|(c, name)| proxy_ports.get(&Link { component: *c, service: Service::Kafka }).map(|port| (*name, *port))).collect()
     } else {

@@ -45,7 +45,7 @@ pub struct Ports {
 
 impl Ports {
     pub fn pick(opts: &Options) -> Ports {
-        let free = railhook_testkit::pg::free_low_port;
+        let free = railhook_testkit::free_port;
         if opts.inline() {
             let api: Vec<u16> = (0..opts.alls).map(|_| free()).collect();
             return Ports { relay_ops: api.clone(), worker_ops: api.clone(), api, skewed_ops: free(), receiver: free() };

@@ -23,6 +23,27 @@ use tokio_postgres::Client;
 pub const TEST_DB_PREFIX: &str = "rh_test_";
 const TEMPLATE_LOCK: i64 = 0x7274_6573_7474_706c;
 
+/// A free loopback port for a server a test starts, chosen below the ephemeral range: a port
+/// from `bind(127.0.0.1:0)` is released before the child binds it, and any outgoing connection
+/// on the machine may take it meanwhile (CI lost a run to that: `relay.ops_listen` "Address
+/// already in use"). Below the range only another listener can, and the pick is random.
+pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(32_768);
+    for _ in 0..500 {
+        if low <= 21_000 {
+            break;
+        }
+        let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % u128::from(low - 20_000)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
 pub fn admin_url() -> String {
     std::env::var("RAILHOOK_TEST_PG_URL").unwrap_or_else(|_| "postgres://railhook@127.0.0.1:54329/postgres".into())
 }

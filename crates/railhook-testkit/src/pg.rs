@@ -31,7 +31,6 @@
 //! the server when that pipe closes, so the server dies with the process even when Drop never
 //! runs (SIGKILL, `process::exit`).
 
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -94,7 +93,7 @@ impl PgCluster {
         cluster.initdb().await;
         cluster.spawn_watchdog();
         for attempt in 1..=3 {
-            cluster.port = free_low_port();
+            cluster.port = crate::free_port();
             cluster.write_port();
             match cluster.pg_ctl_start().await {
                 Ok(()) => break,
@@ -486,23 +485,4 @@ fn statvfs_used(path: &Path) -> std::io::Result<u64> {
 
 fn statvfs_free(path: &Path) -> std::io::Result<u64> {
     statvfs(path).map(|(_, free)| free)
-}
-
-/// A free loopback port below the ephemeral range (the server re-binds it after a restart,
-/// and no outgoing connection can hold such a port meanwhile).
-pub fn free_low_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
-        .unwrap_or(32_768);
-    for _ in 0..500 {
-        if low <= 21_000 {
-            break;
-        }
-        let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % u128::from(low - 20_000)) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }

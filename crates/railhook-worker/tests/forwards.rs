@@ -162,7 +162,8 @@ async fn receiver_at(addr: std::net::SocketAddr) -> Receiver {
 #[tokio::test]
 async fn a_destination_down_for_two_minutes_receives_everything_afterwards() {
     // A port nobody listens on for the outage: connection refused, retried on the ladder.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // Below the ephemeral range, so no outgoing connection holds it when it is bound later.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], railhook_testkit::free_port()));
     // The incoming ladder shortened by configuration (10 s waits, 31 Attempts: at least
     // 150 s of retries, longer than the outage). The Destination's circuit opens on the first
     // failures; with a 5 s cool-down its probe finds the Destination back within 5 s.

@@ -6,10 +6,6 @@ use std::time::Duration;
 
 use railhook_testkit::{test_config, TestDb};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 #[tokio::test]
 async fn a_worker_that_fails_stops_the_whole_process() {
     let db = TestDb::new().await;
@@ -25,7 +21,7 @@ async fn a_worker_that_fails_stops_the_whole_process() {
         .env("RAILHOOK_KAFKA__TOPIC_PREFIX", &config.kafka.topic_prefix)
         .env("RAILHOOK_KAFKA__PARTITIONS", config.kafka.partitions.to_string())
         .env("RAILHOOK_RELAY__SLOT_NAME", &config.relay.slot_name)
-        .env("RAILHOOK_API__LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("RAILHOOK_API__LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port()))
         .env("RAILHOOK_WORKER__GROUP_ID", "")
         .env("RAILHOOK_TELEMETRY__LOG_FILTER", "info")
         .current_dir(std::env::temp_dir())

@@ -37,10 +37,6 @@ fn repo(path: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Every `expr` of every panel (rows' nested panels too), with its panel's title.
 fn queries(dashboard: &Value) -> Vec<(String, String)> {
     fn walk(panels: &Value, out: &mut Vec<(String, String)>) {
@@ -164,7 +160,7 @@ async fn every_query_names_a_metric_the_binary_exports() {
 
     let db = TestDb::new().await;
     let config = test_config(&db);
-    let port = free_port();
+    let port = railhook_testkit::free_port();
     let api = format!("http://127.0.0.1:{port}");
     let _all = common::spawn_railhook(
         &config,

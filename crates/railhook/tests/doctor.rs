@@ -115,10 +115,6 @@ async fn alter_system(pg: &mut PgCluster, statements: &[&str], restart: bool) {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 async fn create_publication(db: &TestDb) {
     db.client().await.batch_execute("CREATE PUBLICATION railhook_outbox FOR TABLE outbox WITH (publish = 'insert')").await.unwrap();
 }
@@ -146,7 +142,7 @@ async fn a_running_stack_passes_every_check_and_prints_one_line_each() {
     let db = TestDb::new().await;
     let config = test_config(&db);
     let mut env = stack_env(&config);
-    env.push(("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port())));
+    env.push(("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port())));
     let _relay = common::spawn_railhook(&config, "relay", None, &env);
     let client = db.client().await;
     eventually(Duration::from_secs(60), "the relay streaming from its slot", || {
@@ -453,7 +449,7 @@ async fn a_clock_away_from_the_databases_is_a_problem() {
 async fn unreachable_postgres_or_kafka_exits_2() {
     let db = TestDb::new().await;
     let mut config = test_config(&db);
-    let closed = free_port();
+    let closed = railhook_testkit::free_port();
     config.database.url = format!("postgres://railhook@127.0.0.1:{closed}/railhook?sslmode=disable");
     let d = doctor(&config, &[]).await;
     assert_eq!(d.code, 2, "{}", d.stdout);

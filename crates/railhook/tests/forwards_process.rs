@@ -16,10 +16,6 @@ use serde_json::{json, Value};
 const SOURCE_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const DESTINATION_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 struct Stack {
     config: railhook_config::Config,
     api: String,
@@ -30,7 +26,7 @@ impl Stack {
     fn spawn(&self, subcommand: &str) -> tokio::process::Child {
         let env = [
             ("RAILHOOK_KAFKA__PARTITIONS", "2".to_string()),
-            ("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port())),
+            ("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port())),
             ("RAILHOOK_API__LISTEN", self.api.trim_start_matches("http://").to_string()),
             ("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", self.worker_ops)),
             ("RAILHOOK_WORKER__PROCESSING_TIMEOUT_SECONDS", "5".to_string()),
@@ -95,9 +91,9 @@ async fn forwards(client: &tokio_postgres::Client, status: &str) -> i64 {
 async fn forwards_arrive_through_the_ingress_across_a_kill_9_of_the_worker() {
     let db = TestDb::new().await;
     let config = test_config(&db);
-    let stack = Stack { config, api: format!("http://127.0.0.1:{}", free_port()), worker_ops: free_port() };
+    let stack = Stack { config, api: format!("http://127.0.0.1:{}", railhook_testkit::free_port()), worker_ops: railhook_testkit::free_port() };
     let secret = EndpointSecret::parse(DESTINATION_SECRET).unwrap();
-    let receiver = Receiver::start(free_port(), vec![ReceiverEndpoint { secret, profile: Profile::Healthy, timeout: Duration::from_secs(30) }], 7).await.unwrap();
+    let receiver = Receiver::start(railhook_testkit::free_port(), vec![ReceiverEndpoint { secret, profile: Profile::Healthy, timeout: Duration::from_secs(30) }], 7).await.unwrap();
     let mut api = stack.spawn("api");
     let mut relay = stack.spawn("relay");
     let mut worker = stack.spawn("worker");

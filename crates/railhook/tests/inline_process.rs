@@ -16,10 +16,6 @@ use axum::http::{HeaderMap, StatusCode};
 use railhook_testkit::{eventually, test_config, TestDb};
 use serde_json::{json, Value};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Every request's `X-Event-Id` with how many times it came, and whether every request
 /// carried the three Standard Webhooks headers.
 #[derive(Default)]
@@ -82,7 +78,7 @@ async fn railhook_all_without_kafka_delivers_and_a_kill_9_loses_nothing() {
     // Nothing of this test may reach a broker: a dead port where the tests' Kafka would be.
     config.kafka.brokers = "127.0.0.1:1".into();
     let rx = start_receiver().await;
-    let port = free_port();
+    let port = railhook_testkit::free_port();
     let api = format!("http://127.0.0.1:{port}");
     let mut first = spawn_inline(&config, port);
     let http = reqwest::Client::new();
@@ -135,9 +131,9 @@ async fn run_to_exit(config: &railhook_config::Config, subcommand: &str, env: &[
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("RAILHOOK_DATABASE_URL", &config.database.url)
-        .env("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port()))
-        .env("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", free_port()))
-        .env("RAILHOOK_API__LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port()))
+        .env("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port()))
+        .env("RAILHOOK_API__LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port()))
         .envs(env.iter().copied())
         .current_dir(std::env::temp_dir())
         .kill_on_drop(true);

@@ -39,10 +39,6 @@ use tokio::io::AsyncBufReadExt;
 
 const EVENTS: usize = 5;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
@@ -218,7 +214,7 @@ async fn send_signed(http: &reqwest::Client, url: &str, secret: &str, id: &str, 
 async fn each_example_receiver_has_one_effect_per_delivery_sent_twice() {
     let db = TestDb::new().await;
     let config = test_config(&db);
-    let port = free_port();
+    let port = railhook_testkit::free_port();
     let api = format!("http://127.0.0.1:{port}");
     let _railhook = common::spawn_railhook(&config, "all", None, &[("RAILHOOK_API__LISTEN", format!("127.0.0.1:{port}"))]);
 

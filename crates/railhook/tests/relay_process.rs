@@ -16,17 +16,13 @@ struct RelayProcess {
     log: PathBuf,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 impl RelayProcess {
     fn spawn(config: &Config) -> RelayProcess {
         Self::spawn_with(config, &[])
     }
 
     fn spawn_with(config: &Config, env: &[(&str, &str)]) -> RelayProcess {
-        let ops = free_port();
+        let ops = railhook_testkit::free_port();
         let log = std::env::temp_dir().join(format!("railhook-relay-{}.log", Uuid::new_v4().simple()));
         let child = Command::new(env!("CARGO_BIN_EXE_railhook"))
             .arg("relay")

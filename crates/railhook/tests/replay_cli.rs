@@ -9,10 +9,6 @@ use serde_json::{json, Value};
 
 const EVENTS: i64 = 300;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()
 }
@@ -42,7 +38,7 @@ struct Server {
 async fn server() -> Server {
     let db = TestDb::new().await;
     let config = test_config(&db);
-    let api = format!("127.0.0.1:{}", free_port());
+    let api = format!("127.0.0.1:{}", railhook_testkit::free_port());
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_railhook"))
         .arg("all")
         .env_clear()
@@ -87,7 +83,7 @@ async fn server() -> Server {
         .unwrap();
     let key = project["api_key"]["secret"].as_str().unwrap().to_string();
     // Nothing listens there: the replayed Deliveries are made, their sending is not the point.
-    let ep: Value = http.post(format!("{api}/v1/endpoints")).bearer_auth(&key).json(&json!({"url": format!("http://127.0.0.1:{}/hook", free_port())})).send().await.unwrap().json().await.unwrap();
+    let ep: Value = http.post(format!("{api}/v1/endpoints")).bearer_auth(&key).json(&json!({"url": format!("http://127.0.0.1:{}/hook", railhook_testkit::free_port())})).send().await.unwrap().json().await.unwrap();
     let endpoint = ep["id"].as_str().unwrap().to_string();
     let sub = http.post(format!("{api}/v1/subscriptions")).bearer_auth(&key).json(&json!({"endpoint_id": endpoint, "event_type": "order.*"})).send().await.unwrap();
     assert_eq!(sub.status().as_u16(), 201);
@@ -207,7 +203,7 @@ async fn bad_input_gets_a_precise_error() {
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
 
     // Nothing listening there.
-    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let nowhere = format!("http://127.0.0.1:{}", railhook_testkit::free_port());
     let out = cli(&["replay", "--api-url", &nowhere, "list"], &env).await;
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("no answer from"), "{}", text(&out.stderr));

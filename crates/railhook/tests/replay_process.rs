@@ -18,10 +18,6 @@ use serde_json::{json, Value};
 
 const EVENTS: i64 = 10_000;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Every request's `X-Event-Id`, with how many times it came.
 #[derive(Default)]
 struct Rx {
@@ -93,12 +89,12 @@ async fn a_replay_of_10000_events_survives_a_worker_kill_9_and_a_cancel_half_way
     let stack = Stack { config, config_file };
 
     let rx = start_receiver().await;
-    let port = free_port();
+    let port = railhook_testkit::free_port();
     let api = format!("http://127.0.0.1:{port}");
     let _api = stack.spawn("api", &[("RAILHOOK_API__LISTEN", format!("127.0.0.1:{port}"))]);
-    let _relay = stack.spawn("relay", &[("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", free_port()))]);
+    let _relay = stack.spawn("relay", &[("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{}", railhook_testkit::free_port()))]);
     let worker = |ops: u16| stack.spawn("worker", &[("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{ops}"))]);
-    let mut first = worker(free_port());
+    let mut first = worker(railhook_testkit::free_port());
 
     let http = reqwest::Client::new();
     eventually(Duration::from_secs(60), "the API to answer", || async {
@@ -139,7 +135,7 @@ async fn a_replay_of_10000_events_survives_a_worker_kill_9_and_a_cancel_half_way
     first.start_kill().unwrap();
     first.wait().await.unwrap();
     let at_kill = made(&http, &api, &key, &id).await.0;
-    let _second = worker(free_port());
+    let _second = worker(railhook_testkit::free_port());
 
     // Cancel half-way.
     eventually(Duration::from_secs(120), "half the Replay made", || async { (made(&http, &api, &key, &id).await.0 >= EVENTS / 2).then_some(()) }).await;

@@ -41,10 +41,6 @@ const PROCESSING_TIMEOUT_S: u64 = 8;
 /// partitions reassigned 6.9 s after the kill and the first arrival 3.5 s later.
 const TAKEOVER_MARGIN: Duration = Duration::from_secs(8);
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 // ---------------------------------------------------------------------------------------
 // The receiver
 
@@ -279,7 +275,7 @@ async fn two_apis_and_two_workers_share_the_load_and_survive_a_kill_9() {
     let session_timeout = stack.session_timeout();
 
     let rx = start_receiver().await;
-    let (api_ports, worker_ops, relay_ops) = ([free_port(), free_port()], [free_port(), free_port()], free_port());
+    let (api_ports, worker_ops, relay_ops) = ([railhook_testkit::free_port(), railhook_testkit::free_port()], [railhook_testkit::free_port(), railhook_testkit::free_port()], railhook_testkit::free_port());
     let apis = api_ports.map(|p| format!("http://127.0.0.1:{p}"));
     let mut api_children: Vec<_> = api_ports.iter().map(|p| stack.api(*p)).collect();
     let mut relay = stack.relay(relay_ops);
