@@ -27,9 +27,10 @@ mod load;
 mod procs;
 mod relay;
 mod stack;
+mod traces;
 mod transports;
 
-const BENCHMARKS: [&str; 9] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "replay", "retention"];
+const BENCHMARKS: [&str; 10] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "tracing", "replay", "retention"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -154,6 +155,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  transports: one `railhook all` on the Kafka transport and one on the inline transport, alternating, 2 rounds each:");
                 println!("    the light rate (200/s, one Endpoint) and --transports-busy-rate (800/s over 50 Endpoints), --duration each; ratios inline/kafka");
+                println!("  tracing: one `railhook all` (Kafka) with OpenTelemetry export off and on (every Event traced, to an OTLP sink in-process),");
+                println!("    alternating, 2 rounds each: the light rate (200/s, one Endpoint) for --duration; ratio on/off of the light p99 (target <= 1.1)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -181,6 +184,7 @@ async fn main() -> anyhow::Result<()> {
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
             "replay" => results.push(e2e::replay::run(&args).await?),
             "transports" => results.push(transports::run(&args).await?),
+            "tracing" => results.push(traces::run(&args).await?),
             "retention" => results.push(e2e::retention::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),

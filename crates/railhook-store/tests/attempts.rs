@@ -27,7 +27,7 @@ async fn ingest(client: &Client, fixture: &Fixture) -> Vec<DeliveryId> {
     let rows = client
         .query(
             events::INGEST_SQL,
-            &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>],
+            &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>, &None::<&str>, &None::<&str>],
         )
         .await
         .unwrap();

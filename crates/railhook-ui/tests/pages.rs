@@ -302,6 +302,7 @@ async fn incoming_fixture(ui: &Ui, project: ProjectId) -> (railhook_core::Source
         headers: &headers,
         body: b"{\"a\":\"<script>x</script>\"}",
         content_type: Some("application/json"),
+        trace: None,
     };
     let Received::Stored { id, forwards, .. } = incoming::receive(&client, new).await.unwrap() else { panic!("stored") };
     let forward = forwards[0].0;
@@ -493,6 +494,7 @@ async fn a_deliverys_page_shows_each_attempts_request_headers_escaped() {
         idempotency_key: None,
         request_sha256: vec![0; 32],
         candidate_patterns: railhook_core::pattern::candidate_patterns(&ty),
+        trace: None,
     };
     let railhook_store::events::IngestOutcome::Created(event) = railhook_store::events::ingest(&client, new).await.unwrap() else { panic!("created") };
     let delivery: uuid::Uuid = client.query_one("SELECT id FROM deliveries WHERE event_id = $1", &[&event.id.0]).await.unwrap().get(0);

@@ -420,7 +420,7 @@ mod tests {
     }
 
     fn hint(offset: i64) -> Queued {
-        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None, announced_at: None, position: None }, place: Some((0, offset)), received: None }
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None, announced_at: None, position: None, trace: None }, place: Some((0, offset)), received: None }
     }
 
     #[test]
