@@ -17,7 +17,14 @@ mod verify_cmd;
 /// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
 /// signed and retried, by the worker.
 #[derive(Debug, Parser)]
-#[command(name = "railhook", version, propagate_version = true)]
+#[command(
+    name = "railhook",
+    version,
+    propagate_version = true,
+    after_help = "OpenTelemetry traces (api, relay, worker, all): off unless OTEL_EXPORTER_OTLP_ENDPOINT (or \
+                  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) names an OTLP/HTTP collector; OTEL_SERVICE_NAME, \
+                  OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG apply. See docs/TRACING.md."
+)]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
