@@ -321,7 +321,7 @@ enum Via {
 /// One message's acknowledgement ([`Announcer::send`]): Kafka's, or with the inline transport
 /// the worker's, when the hint's claim step is over. It holds the announcement's relay
 /// publish span, which ends when the acknowledgement is dropped (after it was awaited).
-pub struct Acknowledgement(AckInner, tracing::Span);
+pub struct Acknowledgement(AckInner, #[allow(dead_code)] tracing::Span);
 
 enum AckInner {
     Kafka(DeliveryFuture),

@@ -50,6 +50,7 @@ use crate::error::{self, WorkerError};
 use crate::http::{self, AttemptOutcome, OutgoingRequest, Verdict};
 use railhook_core::TraceContext;
 use railhook_telemetry::traces;
+use rdkafka::message::Headers as _;
 use tracing::Instrument as _;
 use crate::ladder::{self, Step};
 use crate::runner::Batcher;

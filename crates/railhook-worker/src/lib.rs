@@ -426,7 +426,7 @@ async fn attempt_task(
 ) {
     runner.metrics.in_flight.inc();
     let queues::Start { endpoint, queued, mode, past_claim } = start;
-    let delivery = queued.hint.delivery;
+    let (delivery, place) = (queued.hint.delivery, queued.place);
     // Counted among the Endpoint's slots past their claim from the claim's end to the
     // request's (ingest pacing's signal, `queues::EndpointQueues::measure`); a panic leaves too.
     let past_claim = queues::PastClaim::new(past_claim);
@@ -454,7 +454,7 @@ async fn attempt_task(
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
-    let (busy, released) = match runner.run(queued.hint, queued.received, mode, notify, sent, hard_stop).await {
+    let (busy, released) = match runner.run(queued.hint.clone(), queued.received, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
@@ -473,7 +473,7 @@ async fn attempt_task(
     // can start at once.
     drop(unfinished.permit.take());
     let slot_freed = slot_freed.load(std::sync::atomic::Ordering::Relaxed);
-    let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released, slot_freed }).await;
+    let _ = events.send(TaskEvent::Finished { endpoint, place, busy, released, slot_freed }).await;
 }
 
 /// The drop guard of an attempt task that did not reach its end (it panicked, or was
