@@ -75,10 +75,15 @@ async fn start_stack(config: &railhook_config::Config, env: Vec<(&'static str, S
     env.push(("RAILHOOK_API__LISTEN", format!("127.0.0.1:{port}")));
     let process = common::spawn_railhook(config, "all", None, &env);
     let http = reqwest::Client::new();
-    eventually(Duration::from_secs(90), "the API to answer", || async {
-        http.get(format!("{api}/readyz")).send().await.ok().filter(|r| r.status().is_success()).map(|_| ())
+    // The relay's stream live: an Event before it may be announced twice (its own
+    // announcement and the re-announcement of what is PENDING when the slot was made), which
+    // would make two relay publish spans.
+    eventually(Duration::from_secs(90), "the relay streaming", || async {
+        let metrics = http.get(format!("{api}/metrics")).send().await.ok()?.text().await.ok()?;
+        metrics.lines().any(|l| l == "railhook_relay_stream_live 1").then_some(())
     })
     .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let admin = config.api.admin_token.clone();
     let org = call(&http, format!("{api}/v1/admin/organizations"), &admin, json!({"name": "acme"}), &[]).await;
     let project = call(&http, format!("{api}/v1/admin/organizations/{}/projects", org["id"].as_str().unwrap()), &admin, json!({"name": "shop"}), &[]).await;
@@ -254,6 +259,9 @@ async fn one_event_is_one_trace(transport_env: Vec<(&'static str, String)>) {
         assert_eq!(s.parent.as_ref(), Some(&publish.id), "{} is the relay publish's child", s.name);
     }
     assert_eq!(parts[2], attempt.id, "the receiver's parent is the Attempt span");
+    for s in [&ingest, &publish, &claim, &attempt, &finalise] {
+        eprintln!("trace {CALLER_TRACE}: {:<14} span {} parent {:?} start {}", s.name, s.id, s.parent, s.start);
+    }
     let starts = [ingest.start, publish.start, claim.start, attempt.start, finalise.start];
     assert!(starts.windows(2).all(|w| w[0] <= w[1]), "in order: {spans:#?}");
 

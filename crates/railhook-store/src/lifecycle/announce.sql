@@ -32,6 +32,18 @@ BEGIN
     IF p_kind NOT IN ('d', 'f') THEN
         RAISE EXCEPTION 'railhook_announce: kind %, expected d or f', p_kind;
     END IF;
+    -- Deliveries announced without a trace context by their caller (the retry scheduler,
+    -- the sweeps, the relay's re-announcement, a person's retry) carry their Event's, so
+    -- every Attempt is in the Event's trace (issue 33): two primary-key reads per
+    -- announcement, off the ingest's path (the ingest passes its context). Deliveries made by
+    -- this very statement (a Replay's) are not visible yet and go without.
+    IF p_kind = 'd' AND p_traceparents IS NULL THEN
+        SELECT array_agg(e.traceparent ORDER BY u.n), array_agg(e.tracestate ORDER BY u.n)
+          INTO p_traceparents, p_tracestates
+        FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
+        LEFT JOIN deliveries d ON d.id = u.id
+        LEFT JOIN events e ON e.id = d.event_id;
+    END IF;
     IF (SELECT via FROM railhook_announce_via) = 'message' THEN
         PERFORM pg_logical_emit_message(true, 'railhook.announce.v1',
             (SELECT string_agg(concat_ws(' ', p_kind, u.id, u.routing, p_reason, u.token, 'tp=' || u.tp, 'ts=' || u.ts), E'\n' ORDER BY u.n)

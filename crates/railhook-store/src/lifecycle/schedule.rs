@@ -38,14 +38,9 @@ WITH due AS (
 ), tokened AS (
     UPDATE deliveries d SET claim_token = coalesce(d.claim_token, gen_random_uuid()), last_announced_at = now(), updated_at = now()
     FROM picked WHERE d.id = picked.id
-    RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token, d.event_id
-), traced AS (
-    -- Issue 33: a retry's announcement carries its Event's trace context, so every Attempt
-    -- is in the Event's trace (one primary-key read per retry; NULL for untraced Events).
-    SELECT t.*, e.traceparent, e.tracestate FROM tokened t LEFT JOIN events e ON e.id = t.event_id
+    RETURNING d.id, d.project_id, d.endpoint_id, d.claim_token
 ), announced AS (
-    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $5, array_agg(claim_token ORDER BY id),
-                             array_agg(traceparent ORDER BY id), array_agg(tracestate ORDER BY id)) AS n FROM traced
+    SELECT railhook_announce('d', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(endpoint_id ORDER BY id), $5, array_agg(claim_token ORDER BY id)) AS n FROM tokened
 )
 SELECT tokened.id FROM tokened CROSS JOIN announced";
 
