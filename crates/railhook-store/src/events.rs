@@ -67,8 +67,10 @@ dl AS (
 ),
 ob AS (
     SELECT railhook_announce('d', array_agg(dl.project_id), array_agg(dl.id), array_agg(dl.endpoint_id), 'created',
-                             NULL, CASE WHEN $10::text IS NOT NULL THEN array_agg($10::text) END,
-                             CASE WHEN $11::text IS NOT NULL THEN array_agg($11::text) END) AS n FROM dl
+                             -- The trace context, or empty arrays (none), so the function does not
+                             -- look the Event's up (it is not visible to it yet anyway).
+                             NULL, CASE WHEN $10::text IS NOT NULL THEN array_agg($10::text) ELSE '{}'::text[] END,
+                             CASE WHEN $11::text IS NOT NULL THEN array_agg($11::text) ELSE '{}'::text[] END) AS n FROM dl
 )
 SELECT who.project_id, ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
 FROM who CROSS JOIN ob LEFT JOIN ev ON true LEFT JOIN dl ON true
