@@ -4,8 +4,8 @@
 //! the collector tests say so and pass, as the Helm tests do without helm). One Event to one
 //! Endpoint with a caller's `traceparent` is one trace whose spans are ingest, relay publish,
 //! claim, Attempt and finalise, in this order, and the receiver's `traceparent` names the
-//! Attempt span in that trace; on both transports (Kafka headers, the inline hint). A
-//! malformed `traceparent` is ignored (201, a new trace). With export off, the caller's
+//! Attempt span in that trace; on both transports (Kafka headers, the inline hint). A retry
+//! is in the same trace. A malformed `traceparent` is ignored (201, a new trace). With export off, the caller's
 //! context reaches the receiver unchanged (the W3C pass-through).
 
 mod common;
@@ -23,17 +23,22 @@ use serde_json::{json, Value};
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// Per `X-Event-Id`: the `traceparent` and `tracestate` the receiver got.
+/// Per `X-Event-Id`: the `traceparent` and `tracestate` of each request the receiver got.
 #[derive(Default)]
 struct Rx {
     port: u16,
-    seen: Mutex<HashMap<String, (Option<String>, Option<String>)>>,
+    seen: Mutex<HashMap<String, Vec<(Option<String>, Option<String>)>>>,
 }
 
-async fn receive(State(rx): State<Arc<Rx>>, headers: HeaderMap) -> StatusCode {
+/// An Event whose payload has `fail_first` gets a 500 at its first Attempt (a retry follows).
+async fn receive(State(rx): State<Arc<Rx>>, headers: HeaderMap, body: axum::body::Bytes) -> StatusCode {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-    if let Some(id) = text("x-event-id") {
-        rx.seen.lock().unwrap().insert(id, (text("traceparent"), text("tracestate")));
+    let Some(id) = text("x-event-id") else { return StatusCode::BAD_REQUEST };
+    let mut seen = rx.seen.lock().unwrap();
+    let requests = seen.entry(id).or_default();
+    requests.push((text("traceparent"), text("tracestate")));
+    if requests.len() == 1 && String::from_utf8_lossy(&body).contains("fail_first") {
+        return StatusCode::INTERNAL_SERVER_ERROR;
     }
     StatusCode::NO_CONTENT
 }
@@ -89,17 +94,28 @@ async fn start_stack(config: &railhook_config::Config, env: Vec<(&'static str, S
     let project = call(&http, format!("{api}/v1/admin/organizations/{}/projects", org["id"].as_str().unwrap()), &admin, json!({"name": "shop"}), &[]).await;
     let key = project["api_key"]["secret"].as_str().unwrap().to_string();
     let endpoint = call(&http, format!("{api}/v1/endpoints"), &key, json!({"url": format!("http://127.0.0.1:{}/hook", rx.port)}), &[]).await;
-    call(&http, format!("{api}/v1/subscriptions"), &key, json!({"endpoint_id": endpoint["id"], "event_type": "order.*"}), &[]).await;
+    // One second between Attempts: the retry test below.
+    call(&http, format!("{api}/v1/subscriptions"), &key, json!({"endpoint_id": endpoint["id"], "event_type": "order.*", "retry_delays": [1]}), &[]).await;
     Stack { _process: process, api, key, http, rx }
 }
 
 impl Stack {
     /// Posts one Event with `headers`; waits for the receiver; what it saw.
     async fn deliver(&self, headers: &[(&str, &str)]) -> (String, Option<String>, Option<String>) {
-        let event = call(&self.http, format!("{}/v1/events", self.api), &self.key, json!({"type": "order.paid", "payload": {"n": 1}}), headers).await;
-        let id = event["id"].as_str().unwrap().to_string();
-        let (tp, ts) = eventually(Duration::from_secs(60), "the Event at the receiver", || async { self.rx.seen.lock().unwrap().get(&id).cloned() }).await;
+        let (id, mut requests) = self.deliver_payload(headers, json!({"n": 1}), 1).await;
+        let (tp, ts) = requests.remove(0);
         (id, tp, ts)
+    }
+
+    /// Posts one Event with `headers` and `payload`; waits for `requests` at the receiver.
+    async fn deliver_payload(&self, headers: &[(&str, &str)], payload: Value, requests: usize) -> (String, Vec<(Option<String>, Option<String>)>) {
+        let event = call(&self.http, format!("{}/v1/events", self.api), &self.key, json!({"type": "order.paid", "payload": payload}), headers).await;
+        let id = event["id"].as_str().unwrap().to_string();
+        let seen = eventually(Duration::from_secs(60), "the Event's requests at the receiver", || async {
+            self.rx.seen.lock().unwrap().get(&id).filter(|r| r.len() >= requests).cloned()
+        })
+        .await;
+        (id, seen)
     }
 }
 
@@ -265,6 +281,24 @@ async fn one_event_is_one_trace(transport_env: Vec<(&'static str, String)>) {
     let starts = [ingest.start, publish.start, claim.start, attempt.start, finalise.start];
     assert!(starts.windows(2).all(|w| w[0] <= w[1]), "in order: {spans:#?}");
 
+    // A retry is in the Event's trace: its own relay publish under the same ingest, with
+    // its claim, Attempt and finalise.
+    let retried = "4bf92f3577b34da6a3ce929d0e0e4737";
+    let caller = format!("00-{retried}-{CALLER_SPAN}-01");
+    stack.deliver_payload(&[("traceparent", caller.as_str())], json!({"fail_first": true}), 2).await;
+    let spans = eventually(Duration::from_secs(30), "two Attempts in one trace", || async {
+        let spans = trace_spans(&jaeger, retried).await;
+        (spans.iter().filter(|s| s.name == "Attempt").count() == 2 && spans.iter().filter(|s| s.name == "finalise").count() == 2).then_some(spans)
+    })
+    .await;
+    let ingests: Vec<&Span> = spans.iter().filter(|s| s.name == "ingest").collect();
+    let publishes: Vec<&Span> = spans.iter().filter(|s| s.name == "relay publish").collect();
+    assert_eq!((ingests.len(), publishes.len()), (1, 2), "{spans:#?}");
+    assert!(publishes.iter().all(|p| p.parent.as_ref() == Some(&ingests[0].id)), "{spans:#?}");
+    for attempt in spans.iter().filter(|s| s.name == "Attempt") {
+        assert!(publishes.iter().any(|p| attempt.parent.as_ref() == Some(&p.id)), "{spans:#?}");
+    }
+
     // A malformed traceparent is ignored: accepted, delivered, in a new trace of its own.
     let (_, tp, _) = stack.deliver(&[("traceparent", "00-not-a-trace-context-01")]).await;
     let tp = tp.expect("a new trace was started and sent on");
@@ -299,4 +333,10 @@ async fn with_export_off_the_callers_context_passes_through_unchanged() {
     assert_eq!((tp, ts), (None, None), "no context in, none out");
     let (_, tp, _) = stack.deliver(&[("traceparent", "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]).await;
     assert_eq!(tp, None, "a traceparent that does not parse is ignored");
+    // A retry (the scheduler's announcement) carries the Event's context too.
+    let (_, requests) = stack.deliver_payload(&[("traceparent", caller.as_str())], json!({"fail_first": true}), 2).await;
+    assert_eq!(requests.len(), 2, "one failed Attempt, one retry");
+    for (tp, _) in &requests {
+        assert_eq!(tp.as_deref(), Some(caller.as_str()), "{requests:?}");
+    }
 }
