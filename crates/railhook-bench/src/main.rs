@@ -13,6 +13,8 @@
 //! on a clean stack): live e2e latency to one Endpoint without and with a Replay of 100,000
 //! Events to another. `retention` (also on a clean stack): live e2e latency to one Endpoint in
 //! alternating windows without and with the retention job deleting a backlog of expired history.
+//! `tracing` (issue 33): one `railhook all` with OpenTelemetry export off and on, alternating,
+//! the light rate's latency each (traces.rs).
 
 use std::path::PathBuf;
 use std::time::Duration;
