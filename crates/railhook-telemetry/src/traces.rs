@@ -133,7 +133,9 @@ impl Export {
 /// process's runtime is not reachable, and export must never compete with request paths for
 /// it anyway.
 struct ExportClient {
+    /// Runs the requests: the batch thread blocks on it (it is not a runtime thread).
     runtime: tokio::runtime::Runtime,
+    /// Keeps its connection to the collector open between exports.
     client: reqwest::Client,
 }
 
