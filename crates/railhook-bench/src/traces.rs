@@ -4,9 +4,10 @@
 //! the figure is Railhook's cost, not a collector's), alternating off, on, off, on so that a
 //! machine that gets busier or quieter during the run touches both alike. Each run is a fresh
 //! database and process: a warm-up, then the light rate (200 events/s to one Endpoint) for
-//! `--duration`. Latency from the 201 to the receiver's arrival, as in e2e. Reported: each
+//! `--duration`; `--tracing-rounds` rounds (2 by default). Latency from the 201 to the receiver's arrival, as in e2e. Reported: each
 //! run, the mean of each mode's runs, the ratio on over off of the light p99 (target: within
-//! 10 %) and what the sink received (export requests and bytes).
+//! 10 %), each round's p99 ratio and their median, and what the sink received (export
+//! requests and bytes).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,8 +23,6 @@ use crate::Args;
 
 pub const NAME: &str = "tracing";
 
-/// Rounds of (off, on).
-const ROUNDS: usize = 2;
 
 /// The OTLP/HTTP sink: counts export requests and their bytes, answers 200 with an empty
 /// (valid) ExportTraceServiceResponse.
@@ -65,7 +64,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let (sink, sink_addr) = start_sink().await?;
     let mut runs = Vec::new();
     let (mut sink_requests, mut sink_bytes) = (0, 0);
-    for round in 0..ROUNDS {
+    for round in 0..args.tracing_rounds {
         for on in [false, true] {
             let name = format!("tracing_{}_{round}", if on { "on" } else { "off" });
             let env: Vec<(&str, String)> = if on {
@@ -112,9 +111,18 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let (off, on) = (summary(false), summary(true));
     let ratio = |k: &str| on[k].as_f64().unwrap_or(f64::NAN) / off[k].as_f64().unwrap_or(f64::NAN);
     let delivered_on: usize = runs.iter().filter(|r| r.on).map(|r| r.light.delivered).sum();
+    // Each round's on/off p99 ratio, and their median: on a shared machine one slow minute
+    // moves one run's p99 several times over, which a mean of p99s carries whole.
+    let mut round_ratios: Vec<f64> = runs.chunks(2).filter(|pair| pair.len() == 2).map(|pair| pair[1].light.latency.p99 / pair[0].light.latency.p99).collect();
+    round_ratios.sort_by(|a, b| a.total_cmp(b));
+    let median_ratio = match round_ratios.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => round_ratios[n / 2],
+        n => (round_ratios[n / 2 - 1] + round_ratios[n / 2]) / 2.0,
+    };
     let report = serde_json::json!({
         "name": NAME,
-        "rounds": ROUNDS,
+        "rounds": args.tracing_rounds,
         "figures": {"off": off, "on": on},
         "export": {"requests": sink_requests, "bytes": sink_bytes, "bytes_per_delivery": sink_bytes as f64 / delivered_on.max(1) as f64},
         "runs": runs.iter().map(|r| serde_json::json!({"tracing": r.on, "light": r.light.json()})).collect::<Vec<_>>(),
@@ -122,10 +130,12 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
             "on_over_off_light_p50": ratio("light_p50_ms"),
             "on_over_off_light_p99": ratio("light_p99_ms"),
             "on_over_off_light_cpu": ratio("light_cpu_cores"),
+            "on_over_off_light_p99_median_of_rounds": median_ratio,
         },
+        "round_p99_ratios_sorted": round_ratios,
     });
     println!();
-    println!("tracing (railhook all on Kafka, {ROUNDS} rounds each, alternating): mean light p50 / p99 / max (ms), CPU cores of railhook");
+    println!("tracing (railhook all on Kafka, {} rounds each, alternating): mean light p50 / p99 / max (ms), CPU cores of railhook", args.tracing_rounds);
     for (name, s) in [("off", &report["figures"]["off"]), ("on", &report["figures"]["on"])] {
         println!(
             "{name:<4} {:>7.2} {:>7.2} {:>7.1}   {:.3}",
