@@ -124,3 +124,29 @@ ensure_helm() {
   export RAILHOOK_HELM="$HELM_BIN"
   export RAILHOOK_CHART_VALIDATE="$STATE/helm/bin/railhook-chart-validate"
 }
+
+# ---------------------------------------------------------------------------------------
+# Jaeger, the trace collector of the OpenTelemetry test (crates/railhook/tests/tracing.rs,
+# docs/TRACING.md): receives OTLP over HTTP and answers its query API. Built from the Go
+# module proxy into .local/jaeger/bin, like helm above (no container, no download from
+# GitHub releases). `RAILHOOK_JAEGER` tells the test where it is; without it the test skips.
+JAEGER_VERSION="v1.75.0"
+JAEGER_BIN="$STATE/jaeger/bin/jaeger"
+ensure_jaeger() {
+  if ! command -v go >/dev/null 2>&1; then
+    [ -x /usr/local/go/bin/go ] && export PATH="/usr/local/go/bin:$PATH"
+  fi
+  command -v go >/dev/null 2>&1 || ensure_apt golang-go
+  if [ ! -x "$JAEGER_BIN" ] || [ "$(cat "$STATE/jaeger/version" 2>/dev/null)" != "$JAEGER_VERSION" ]; then
+    # Jaeger's go.mod has replace directives, which `go install pkg@version` refuses: a
+    # module of our own requires it as a tool (`go get -tool`) and builds that.
+    log "building jaeger $JAEGER_VERSION (go get -tool github.com/jaegertracing/jaeger/cmd/jaeger)"
+    local mod="$STATE/jaeger/mod"
+    rm -rf "$mod" && mkdir -p "$mod" "$(dirname "$JAEGER_BIN")"
+    (cd "$mod" && go mod init railhook.local/jaeger >/dev/null 2>&1 \
+      && go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION" \
+      && go build -o "$JAEGER_BIN" github.com/jaegertracing/jaeger/cmd/jaeger) >&2 || return 1
+    echo "$JAEGER_VERSION" >"$STATE/jaeger/version"
+  fi
+  export RAILHOOK_JAEGER="$JAEGER_BIN"
+}

@@ -6,7 +6,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use railhook_core::pattern::{candidate_patterns, EventType};
-use railhook_core::EventId;
+use railhook_core::{EventId, TraceContext};
+use railhook_telemetry::traces;
+use tracing::Instrument as _;
 use railhook_store::events::{self, Caller, EventFilter, IngestOutcome, NewEvent};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -96,10 +98,26 @@ pub async fn create(
             return Err(refusal);
         }
     };
-    // Backpressure: while the workers are behind, wait here (no connection held).
-    state.pacer.hold().await;
-    let client = state.pool.get().await?;
-    match events::ingest(&client, new.event()).await? {
+    // Issue 33: the ingest span continues the caller's trace (a malformed traceparent is
+    // ignored: a new trace). What the Event keeps, and its announcements carry, is this span's
+    // context, or with export off the caller's unchanged.
+    let remote = traces::incoming(&headers);
+    let span = tracing::info_span!(target: traces::TARGET, parent: None, traces::span::INGEST,
+        otel.kind = "server", http.request.method = "POST", http.route = "/v1/events", railhook.event_type = %new.body.event_type);
+    traces::continue_from(&span, remote.as_ref());
+    let trace = traces::context_of(&span, remote.as_ref());
+    let outcome = async {
+        // Backpressure: while the workers are behind, wait here (no connection held).
+        state.pacer.hold().await;
+        let client = state.pool.get().await?;
+        Ok::<_, ApiError>(events::ingest(&client, new.event(trace)).await?)
+    }
+    .instrument(span.clone())
+    .await;
+    if let Err(e) = &outcome {
+        traces::fail(&span, e.code);
+    }
+    match outcome? {
         IngestOutcome::Created(event) => Ok((StatusCode::CREATED, Json(event)).into_response()),
         IngestOutcome::Replayed(event) => {
             let mut resp = (StatusCode::OK, Json(event)).into_response();
@@ -125,7 +143,7 @@ struct Valid<'a> {
 }
 
 impl Valid<'_> {
-    fn event(&self) -> NewEvent<'_> {
+    fn event(&self, trace: Option<TraceContext>) -> NewEvent<'_> {
         NewEvent {
             caller: Caller::ApiKey(self.key),
             event_type: &self.body.event_type,
@@ -133,6 +151,7 @@ impl Valid<'_> {
             idempotency_key: self.idempotency_key,
             request_sha256: request_hash(&self.body.event_type, &self.body.payload),
             candidate_patterns: self.candidate_patterns.clone(),
+            trace,
         }
     }
 }

@@ -27,6 +27,7 @@ use prometheus::{IntCounterVec, Opts};
 use railhook_core::SourceId;
 use railhook_ingress::{IncomingRequest, Provider, ProviderConfig, Refusal, Secret};
 use railhook_store::incoming::{self, NewIncomingEvent, Received, StoredHeader};
+use tracing::Instrument as _;
 use railhook_store::sources::{self, IngressSource};
 use serde::Serialize;
 
@@ -154,8 +155,16 @@ pub async fn receive(
         headers: &stored_headers,
         body: &body,
         content_type: content_type.as_deref(),
+        trace: None,
     };
-    let received = incoming::receive(&client, new).await.map_err(|e| {
+    // Issue 33: the ingest span continues the provider's trace, if it sent one (a malformed
+    // traceparent is ignored); the Forwards' announcements carry its context on.
+    let remote = railhook_telemetry::traces::incoming(&headers);
+    let span = tracing::info_span!(target: railhook_telemetry::traces::TARGET, parent: None, railhook_telemetry::traces::span::INGEST,
+        otel.kind = "server", http.request.method = %method, http.route = "/ingress/{token}", railhook.provider = provider.as_str());
+    railhook_telemetry::traces::continue_from(&span, remote.as_ref());
+    let new = NewIncomingEvent { trace: railhook_telemetry::traces::context_of(&span, remote.as_ref()), ..new };
+    let received = incoming::receive(&client, new).instrument(span).await.map_err(|e| {
         // The Source was deleted between the lookup and the insert.
         if matches!(&e, railhook_store::StoreError::Db(db) if db.code() == Some(&tokio_postgres::error::SqlState::FOREIGN_KEY_VIOLATION)) {
             unknown_token()

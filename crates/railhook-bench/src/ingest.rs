@@ -117,7 +117,10 @@ async fn pgbench(stack: &Stack, connections: usize, args: &Args) -> anyhow::Resu
     let candidates = candidate_patterns(&event_type);
     let payload = load::payload(1024).replace('\'', "''");
     let delays = railhook_store::events::DEFAULT_OUTGOING_DELAYS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+    // $10 and $11 (the trace context: none here) before $1, whose text they start with.
     let sql = railhook_store::events::INGEST_SQL
+        .replace("$10", "NULL")
+        .replace("$11", "NULL")
         .replace("$1", EVENT_ID)
         .replace("$2", "NULL")
         .replace("$3", &format!("'{EVENT_TYPE}'"))

@@ -13,6 +13,8 @@
 //! on a clean stack): live e2e latency to one Endpoint without and with a Replay of 100,000
 //! Events to another. `retention` (also on a clean stack): live e2e latency to one Endpoint in
 //! alternating windows without and with the retention job deleting a backlog of expired history.
+//! `tracing` (issue 33): one `railhook all` with OpenTelemetry export off and on, alternating,
+//! the light rate's latency each (traces.rs).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,9 +29,10 @@ mod load;
 mod procs;
 mod relay;
 mod stack;
+mod traces;
 mod transports;
 
-const BENCHMARKS: [&str; 9] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "replay", "retention"];
+const BENCHMARKS: [&str; 10] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "tracing", "replay", "retention"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -67,6 +70,8 @@ pub struct Args {
     pub retention_max_rows_per_second: Option<u64>,
     /// `transports`' busy rate (events/s over 50 Endpoints).
     pub transports_busy_rate: f64,
+    /// `tracing`'s rounds of (off, on).
+    pub tracing_rounds: usize,
 }
 
 impl Args {
@@ -102,6 +107,7 @@ fn parse_args() -> anyhow::Result<Args> {
         retention_max_busy_percent: None,
         retention_max_rows_per_second: None,
         transports_busy_rate: 800.0,
+        tracing_rounds: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -121,6 +127,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-no-alternate" => args.replay_no_alternate = true,
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "--transports-busy-rate" => args.transports_busy_rate = it.next().context("--transports-busy-rate needs a value")?.parse().context("--transports-busy-rate: events per second")?,
+            "--tracing-rounds" => args.tracing_rounds = it.next().context("--tracing-rounds needs a value")?.parse().context("--tracing-rounds: a count")?,
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
             "--retention-control" => args.retention_control = true,
@@ -154,6 +161,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  transports: one `railhook all` on the Kafka transport and one on the inline transport, alternating, 2 rounds each:");
                 println!("    the light rate (200/s, one Endpoint) and --transports-busy-rate (800/s over 50 Endpoints), --duration each; ratios inline/kafka");
+                println!("  tracing: one `railhook all` (Kafka) with OpenTelemetry export off and on (every Event traced, to an OTLP sink in-process),");
+                println!("    alternating, --tracing-rounds (2) rounds: the light rate (200/s, one Endpoint) for --duration; ratio on/off of the light p99 (target <= 1.1)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -181,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
             "relay_throughput" => results.push(relay::relay_throughput(&args).await?),
             "replay" => results.push(e2e::replay::run(&args).await?),
             "transports" => results.push(transports::run(&args).await?),
+            "tracing" => results.push(traces::run(&args).await?),
             "retention" => results.push(e2e::retention::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),

@@ -35,6 +35,12 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(bin: &Path, config: &Config, name: &'static str, args: &[&str], dir: &Path) -> anyhow::Result<Proc> {
+        Proc::spawn_with(bin, config, name, args, dir, &[])
+    }
+
+    /// [`Proc::spawn`] with `env` set for the process; the `OTEL_*` variables are otherwise
+    /// removed, so export is on only where a benchmark asks for it.
+    pub fn spawn_with(bin: &Path, config: &Config, name: &'static str, args: &[&str], dir: &Path, env: &[(&str, String)]) -> anyhow::Result<Proc> {
         std::fs::create_dir_all(dir)?;
         let config_path = dir.join(format!("{name}.toml"));
         std::fs::write(&config_path, toml::to_string(config)?)?;
@@ -46,6 +52,9 @@ impl Proc {
             .args(args)
             .env_remove("RAILHOOK_DATABASE_URL")
             .env_remove("RAILHOOK_KAFKA_BROKERS")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)

@@ -56,6 +56,12 @@ impl Stack {
     /// and worker metrics addresses point there). Kafka's topics are made first on Kafka;
     /// inline gets no broker at all.
     pub async fn start_all(bin: &Path, name: &str, transport: railhook_config::TransportKind) -> anyhow::Result<Stack> {
+        Stack::start_all_with(bin, name, transport, &[]).await
+    }
+
+    /// [`Stack::start_all`] with `env` set for the process (the `tracing` benchmark's
+    /// `OTEL_*` variables).
+    pub async fn start_all_with(bin: &Path, name: &str, transport: railhook_config::TransportKind, env: &[(&str, String)]) -> anyhow::Result<Stack> {
         let (db, mut config) = fresh().await?;
         config.relay.ops_listen = config.api.listen;
         config.worker.ops_listen = config.api.listen;
@@ -71,7 +77,7 @@ impl Stack {
         }
         let dir = log_dir(name);
         let api_addr = config.api.listen;
-        let mut all = Proc::spawn(bin, &config, "all", &["all"], &dir)?;
+        let mut all = Proc::spawn_with(bin, &config, "all", &["all"], &dir, env)?;
         wait_ready(&mut all, &format!("http://{api_addr}/metrics"), Some("railhook_relay_stream_live 1"), Duration::from_secs(60)).await?;
         let token = config.api.admin_token.clone();
         let org = post_json(api_addr, "/v1/admin/organizations", &token, json!({"name": "bench"})).await?;

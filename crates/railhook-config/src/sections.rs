@@ -24,6 +24,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub replay: ReplayConfig,
     pub retention: RetentionConfig,
+    pub ui: UiConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -355,6 +356,24 @@ pub enum LogFormat {
     Json,
 }
 
+/// The dashboard (`/ui`, docs/UI.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UiConfig {
+    /// A trace viewer's URL for one trace, with `{trace_id}` where the 32-hex-digit trace id
+    /// goes, e.g. `http://jaeger:16686/trace/{trace_id}` (Jaeger) or a Tempo/Honeycomb
+    /// equivalent: the dashboard links an Event's trace id there (docs/TRACING.md). Empty (the
+    /// default): the trace id is shown without a link.
+    pub trace_url_template: String,
+}
+
+impl UiConfig {
+    /// The trace viewer's URL of `trace_id`, if a template is set.
+    pub fn trace_url(&self, trace_id: &str) -> Option<String> {
+        (!self.trace_url_template.is_empty()).then(|| self.trace_url_template.replace("{trace_id}", trace_id))
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
@@ -377,6 +396,7 @@ impl Default for Config {
             telemetry: TelemetryConfig::default(),
             replay: ReplayConfig::default(),
             retention: RetentionConfig::default(),
+            ui: UiConfig::default(),
         }
     }
 }

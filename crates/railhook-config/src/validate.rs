@@ -119,6 +119,10 @@ impl Config {
         if !(1..=1_000).contains(&r.batch_target_ms) {
             problems.push("retention.batch_target_ms must be from 1 to 1000 (10 is the default; batches are meant to stay under 100 ms)".into());
         }
+        let t = &self.ui.trace_url_template;
+        if !t.is_empty() && (!(t.starts_with("http://") || t.starts_with("https://")) || !t.contains("{trace_id}") || t.contains([' ', '"', '<', '>'])) {
+            problems.push(format!("ui.trace_url_template '{t}' must be an http(s) URL with {{trace_id}} in it, e.g. http://jaeger:16686/trace/{{trace_id}} (or empty)"));
+        }
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {
                 problems.push(format!("network.allow_cidrs entry '{cidr}' is not a CIDR such as 127.0.0.0/8 or ::1/128"));
@@ -250,5 +254,16 @@ mod tests {
         }
         let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_INGRESS__PUBLIC_URL", "https://hooks.example.com/in/")]), &Overrides::default()).unwrap();
         assert_eq!((ok.ingress.max_body_bytes, ok.ingress.secret_overlap_seconds), (512 * 1024, 86_400));
+    }
+
+    #[test]
+    fn the_trace_url_template_is_validated() {
+        for bad in ["jaeger:16686/trace/{trace_id}", "http://jaeger:16686/trace/", "http://x/{trace_id} y"] {
+            let err = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_UI__TRACE_URL_TEMPLATE", bad)]), &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("ui.trace_url_template"), "{bad}: {err}");
+        }
+        let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_UI__TRACE_URL_TEMPLATE", "http://jaeger:16686/trace/{trace_id}")]), &Overrides::default()).unwrap();
+        assert_eq!(ok.ui.trace_url("abc").as_deref(), Some("http://jaeger:16686/trace/abc"));
+        assert_eq!(Config::default().ui.trace_url("abc"), None, "off by default");
     }
 }

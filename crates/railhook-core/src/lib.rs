@@ -8,6 +8,7 @@ pub mod lsn;
 pub mod pattern;
 pub mod signing;
 pub mod status;
+pub mod trace;
 
 pub use address::{classify, parse_endpoint_url, AllowList, AllowListError, DeniedReason, EndpointUrl, UrlError};
 pub use id::{
@@ -18,4 +19,5 @@ pub use id::{
 pub use lsn::Lsn;
 pub use pattern::{candidate_patterns, EventType, EventTypePattern, PatternError};
 pub use signing::{sign, signature_header, verify, EndpointSecret, SecretError, VerifyError};
+pub use trace::{TraceContext, TraceParent};
 pub use status::{AnnouncementReason, CircuitChange, DeferralReason, DeliveryStatus, UnknownWord};

@@ -18,7 +18,8 @@
 use std::time::Duration;
 
 use railhook_config::Config;
-use railhook_core::{AnnouncementReason, ClaimToken, DeliveryId, DestinationId, EndpointId, ForwardId, Lsn};
+use railhook_core::{AnnouncementReason, ClaimToken, DeliveryId, DestinationId, EndpointId, ForwardId, Lsn, TraceContext};
+use railhook_telemetry::traces;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
@@ -46,6 +47,10 @@ pub mod header {
     /// (decimal): the start of the worker's `read_to_poll` stage
     /// (`railhook_telemetry::stages`).
     pub const RELAY_READ_US: &str = "relay_read_us";
+    /// The W3C trace context of the work (issue 33): the relay publish span's, or the
+    /// Event's as its ingest kept it when export is off. Only when there is one.
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACESTATE: &str = "tracestate";
 }
 
 /// Where an announcement comes from, carried in its headers: the commit (CDC mode) and the
@@ -113,6 +118,11 @@ pub struct Announcement {
     pub claim_token: Option<ClaimToken>,
     /// When the outbox row was written, as Postgres printed it (informational).
     pub created_at: String,
+    /// The W3C trace context the work continues (issue 33), when it has one. On the wire it
+    /// is the headers [`header::TRACEPARENT`] and [`header::TRACESTATE`], not the value (whose
+    /// version 1 bytes are kept); [`Announcement::parse_keyed`] leaves it `None` and
+    /// [`Announcement::trace_from_headers`] reads it.
+    pub trace: Option<TraceContext>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -205,14 +215,28 @@ impl Announcement {
             }
             _ => return Err(AnnouncementError::Target),
         };
-        Ok(Announcement { outbox_id: wire.outbox_id, target, reason: wire.reason, claim_token: wire.claim_token, created_at: wire.created_at })
+        Ok(Announcement { outbox_id: wire.outbox_id, target, reason: wire.reason, claim_token: wire.claim_token, created_at: wire.created_at, trace: None })
+    }
+
+    /// The trace context of a message's headers: `None` without a valid `traceparent` (a
+    /// malformed one is ignored, as the W3C specification asks).
+    pub fn trace_from_headers<'a>(headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Option<TraceContext> {
+        let (mut parent, mut state) = (None, None);
+        for (name, value) in headers {
+            match name {
+                header::TRACEPARENT => parent = value,
+                header::TRACESTATE => state = value,
+                _ => {}
+            }
+        }
+        TraceContext::from_headers(parent, state)
     }
 }
 
 impl Announcement {
     /// The announcements of one logical decoding message written by `railhook_announce` in
     /// CDC mode (prefix [`MESSAGE_PREFIX`]), in order: one per line,
-    /// `<kind> <id> <routing> <reason>[ <token>]`, kind `d` (a Delivery, routed by its
+    /// `<kind> <id> <routing> <reason>[ <token>][ tp=<traceparent>[ ts=<tracestate>]]`, kind `d` (a Delivery, routed by its
     /// Endpoint) or `f` (a Forward, routed by its Destination), the ids as hyphenated uuids.
     /// `created_at` is the commit's time (there is no outbox row); `outbox_id` is 0. Anything
     /// else (a line that does not parse, an unknown reason, no lines) is an error: the
@@ -225,7 +249,28 @@ impl Announcement {
         let text = std::str::from_utf8(content).map_err(|_| bad(1, "not UTF-8"))?;
         let mut out = Vec::new();
         for (n, line) in text.split('\n').enumerate().map(|(i, l)| (i + 1, l)) {
-            let fields: Vec<&str> = line.split(' ').collect();
+            let mut fields: Vec<&str> = line.split(' ').collect();
+            // Issue 33: ` tp=<traceparent>` and then ` ts=<tracestate>` may end the line. A
+            // traceparent that does not parse is ignored (the W3C rule), not an error: the
+            // work goes on without its trace.
+            let mut tracestate = None;
+            if fields.len() > 4 {
+                if let Some(ts) = fields.last().and_then(|f| f.strip_prefix("ts=")) {
+                    tracestate = Some(ts);
+                    fields.pop();
+                }
+            }
+            let mut traceparent = None;
+            if fields.len() > 4 {
+                if let Some(tp) = fields.last().and_then(|f| f.strip_prefix("tp=")) {
+                    traceparent = Some(tp);
+                    fields.pop();
+                }
+            }
+            if tracestate.is_some() && traceparent.is_none() {
+                return Err(bad(n, "a tracestate without a traceparent"));
+            }
+            let trace = TraceContext::from_text(traceparent, tracestate);
             let (kind, id, routing, reason, token) = match fields.as_slice() {
                 [k, i, r, why] => (*k, *i, *r, *why, None),
                 [k, i, r, why, t] => (*k, *i, *r, *why, Some(*t)),
@@ -240,7 +285,7 @@ impl Announcement {
             };
             let reason = reason.parse::<AnnouncementReason>().map_err(|_| bad(n, "unknown reason"))?;
             let claim_token = token.map(|t| uuid(t, "the token").map(ClaimToken)).transpose()?;
-            out.push(Announcement { outbox_id: 0, target, reason, claim_token, created_at: created_at.to_string() });
+            out.push(Announcement { outbox_id: 0, target, reason, claim_token, created_at: created_at.to_string(), trace });
         }
         Ok(out)
     }
@@ -274,8 +319,9 @@ enum Via {
 }
 
 /// One message's acknowledgement ([`Announcer::send`]): Kafka's, or with the inline transport
-/// the worker's, when the hint's claim step is over.
-pub struct Acknowledgement(AckInner);
+/// the worker's, when the hint's claim step is over. It holds the announcement's relay
+/// publish span, which ends when the acknowledgement is dropped (after it was awaited).
+pub struct Acknowledgement(AckInner, #[allow(dead_code)] tracing::Span);
 
 enum AckInner {
     Kafka(DeliveryFuture),
@@ -331,15 +377,34 @@ impl Announcer {
 
     /// Hands the announcement to the producer (key [`Announcement::key`], headers
     /// [`header::OUTBOX_ID`] and, for each part of `stamp` given, [`header::COMMIT_LSN`],
-    /// [`header::COMMIT_TIME_US`] and [`header::RELAY_READ_US`]), waiting while its queue is
+    /// [`header::COMMIT_TIME_US`] and [`header::RELAY_READ_US`], and the trace context's
+    /// [`header::TRACEPARENT`] and [`header::TRACESTATE`]), waiting while its queue is
     /// full. The returned future resolves when Kafka acknowledged or refused this message; an
     /// error here means it was never handed over.
+    ///
+    /// An announcement with a trace context gets a "relay publish" span (a child of that
+    /// context, ended by the acknowledgement), and carries the span's context on, or with
+    /// export off its own unchanged.
     pub async fn send(&self, announcement: &Announcement, stamp: &Stamp) -> Result<Acknowledgement, KafkaError> {
+        let (span, traced);
+        let announcement = match &announcement.trace {
+            None => {
+                span = tracing::Span::none();
+                announcement
+            }
+            Some(remote) => {
+                span = tracing::info_span!(target: traces::TARGET, parent: None, traces::span::RELAY_PUBLISH,
+                    otel.kind = "producer", messaging.destination.name = self.topic(announcement), railhook.reason = announcement.reason.as_str());
+                traces::continue_from(&span, Some(remote));
+                traced = Announcement { trace: traces::context_of(&span, Some(remote)), ..announcement.clone() };
+                &traced
+            }
+        };
         let producer = match &self.via {
             Via::Kafka(p) => p,
             Via::Inline(sender) => {
                 let rx = sender.send(announcement, stamp).await.map_err(|_| KafkaError::Canceled)?;
-                return Ok(Acknowledgement(AckInner::Inline(rx)));
+                return Ok(Acknowledgement(AckInner::Inline(rx), span));
             }
         };
         let (topic, key, value) = (self.topic(announcement), announcement.key(), announcement.to_bytes());
@@ -354,10 +419,16 @@ impl Announcer {
                 headers = headers.insert(Header { key: name, value: Some(value.as_bytes()) });
             }
         }
+        if let Some(trace) = &announcement.trace {
+            headers = headers.insert(Header { key: header::TRACEPARENT, value: Some(trace.traceparent().as_bytes()) });
+            if let Some(state) = &trace.state {
+                headers = headers.insert(Header { key: header::TRACESTATE, value: Some(state.as_bytes()) });
+            }
+        }
         loop {
             let record = FutureRecord::to(topic).key(&key).payload(&value).headers(headers.clone());
             match producer.send_result(record) {
-                Ok(delivery) => return Ok(Acknowledgement(AckInner::Kafka(delivery))),
+                Ok(delivery) => return Ok(Acknowledgement(AckInner::Kafka(delivery), span)),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => tokio::time::sleep(QUEUE_FULL_WAIT).await,
                 Err((e, _)) => return Err(e),
             }
@@ -384,6 +455,7 @@ mod tests {
             reason: AnnouncementReason::Retry,
             claim_token: token,
             created_at: "2026-12-04 03:00:00.1+00".into(),
+            trace: None,
         }
     }
 
@@ -469,8 +541,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                Announcement { outbox_id: 0, target: Target::Delivery { delivery: DeliveryId(d), endpoint: EndpointId(e) }, reason: AnnouncementReason::Created, claim_token: None, created_at: "2026-12-05 18:00:00+00".into() },
-                Announcement { outbox_id: 0, target: Target::Forward { forward: ForwardId(f), destination: DestinationId(x) }, reason: AnnouncementReason::Retry, claim_token: Some(ClaimToken(t)), created_at: "2026-12-05 18:00:00+00".into() },
+                Announcement { outbox_id: 0, target: Target::Delivery { delivery: DeliveryId(d), endpoint: EndpointId(e) }, reason: AnnouncementReason::Created, claim_token: None, created_at: "2026-12-05 18:00:00+00".into(), trace: None },
+                Announcement { outbox_id: 0, target: Target::Forward { forward: ForwardId(f), destination: DestinationId(x) }, reason: AnnouncementReason::Retry, claim_token: Some(ClaimToken(t)), created_at: "2026-12-05 18:00:00+00".into(), trace: None },
             ]
         );
         for bad in [
@@ -493,6 +565,25 @@ mod tests {
         );
     }
 
+    #[test]
+    fn message_lines_carry_the_trace_context() {
+        let (d, e, t) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let text = format!("d {d} {e} created tp={tp} ts=a=1,b=2\nd {d} {e} retry {t} tp={tp}\nd {d} {e} created tp=garbage");
+        let got = Announcement::parse_message(MESSAGE_PREFIX, text.as_bytes(), "").unwrap();
+        assert_eq!(got[0].trace, TraceContext::from_text(Some(tp), Some("a=1,b=2")));
+        assert_eq!(got[0].claim_token, None);
+        assert_eq!((got[1].claim_token, got[1].trace.as_ref().map(|c| c.traceparent())), (Some(ClaimToken(t)), Some(tp.to_string())));
+        assert_eq!(got[2].trace, None, "a malformed traceparent is ignored, not an error");
+        for bad in [format!("d {d} {e} created ts=a=1"), format!("d {d} {e} created ts=a=1 tp={tp}"), format!("d {d} tp={tp}")] {
+            assert!(Announcement::parse_message(MESSAGE_PREFIX, bad.as_bytes(), "").is_err(), "{bad:?}");
+        }
+        // Kafka headers.
+        let headers = [(header::OUTBOX_ID, Some(b"1".as_slice())), (header::TRACEPARENT, Some(tp.as_bytes())), (header::TRACESTATE, Some(b"k=v".as_slice()))];
+        assert_eq!(Announcement::trace_from_headers(headers), TraceContext::from_text(Some(tp), Some("k=v")));
+        assert_eq!(Announcement::trace_from_headers([(header::TRACEPARENT, Some(b"00-zz".as_slice()))]), None);
+    }
+
     proptest::proptest! {
         #[test]
         fn arbitrary_message_bytes_never_panic(content in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
@@ -511,7 +602,7 @@ mod tests {
             } else {
                 Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() }
             };
-            let a = Announcement { outbox_id, target, reason: AnnouncementReason::Reannounce, claim_token: token.map(|t| ClaimToken(uuid::Uuid::from_u128(t))), created_at };
+            let a = Announcement { outbox_id, target, reason: AnnouncementReason::Reannounce, claim_token: token.map(|t| ClaimToken(uuid::Uuid::from_u128(t))), created_at, trace: None };
             proptest::prop_assert_eq!(Announcement::parse_keyed(a.key().as_bytes(), &a.to_bytes()), Ok(a));
         }
     }

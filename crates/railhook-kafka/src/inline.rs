@@ -14,6 +14,8 @@
 //!   relay does not confirm its commit, and the next start reads it again from the slot.
 //!
 //! One channel per direction (Deliveries, Forwards), as Kafka has one topic per direction.
+//! The hint is the whole [`Announcement`], so its trace context (Kafka's `traceparent` and
+//! `tracestate` headers) travels with it.
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -105,13 +107,15 @@ mod tests {
     use railhook_core::{AnnouncementReason, DeliveryId, DestinationId, EndpointId, ForwardId};
 
     fn announcement(target: Target) -> Announcement {
-        Announcement { outbox_id: 0, target, reason: AnnouncementReason::Created, claim_token: None, created_at: String::new() }
+        Announcement { outbox_id: 0, target, reason: AnnouncementReason::Created, claim_token: None, created_at: String::new(), trace: None }
     }
 
     #[tokio::test]
     async fn routes_by_target_and_acknowledges_only_when_told() {
         let (tx, mut rx) = channel(2);
-        let d = announcement(Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() });
+        // The hint carries the trace context as Kafka's headers do (issue 33).
+        let trace = railhook_core::TraceContext::from_text(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), Some("k=v"));
+        let d = Announcement { trace, ..announcement(Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() }) };
         let f = announcement(Target::Forward { forward: ForwardId::new(), destination: DestinationId::new() });
         let mut d_ack = tx.send(&d, &Stamp::default()).await.unwrap();
         let f_ack = tx.send(&f, &Stamp::default()).await.unwrap();

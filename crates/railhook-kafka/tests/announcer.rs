@@ -31,7 +31,7 @@ async fn announcements_arrive_as_the_worker_reads_them_even_through_a_full_queue
             Target::Delivery { delivery: DeliveryId::new(), endpoint: EndpointId::new() }
         };
         let claim_token = (i % 3 == 0).then(ClaimToken::new);
-        let a = Announcement { outbox_id: i, target, reason: AnnouncementReason::Created, claim_token, created_at: format!("t{i}") };
+        let a = Announcement { outbox_id: i, target, reason: AnnouncementReason::Created, claim_token, created_at: format!("t{i}"), trace: None };
         let lsn = (i % 2 == 0).then_some(Lsn(1000 + i as u64));
         let stamp = Stamp { commit_lsn: lsn, commit_time_us: lsn.map(|_| 1_700_000_000_000_000 + i), relay_read_us: Some(1_700_000_000_000_500 + i) };
         acks.push(announcer.send(&a, &stamp).await.expect("handed over, after waiting while the queue was full"));

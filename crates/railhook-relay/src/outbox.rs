@@ -22,7 +22,9 @@ impl OutboxRow {
             (None, Some(forward)) => railhook_kafka::Target::Forward { forward, destination: DestinationId(self.routing_id) },
             (None, None) => return Err(RowError::NoTarget(self.id)),
         };
-        Ok(railhook_kafka::Announcement { outbox_id: self.id, target, reason: self.reason, claim_token: self.claim_token, created_at: self.created_at.clone() })
+        // A traceparent that does not parse is ignored (W3C), never an error of the row.
+        let trace = railhook_core::TraceContext::from_text(self.traceparent.as_deref(), self.tracestate.as_deref());
+        Ok(railhook_kafka::Announcement { outbox_id: self.id, target, reason: self.reason, claim_token: self.claim_token, created_at: self.created_at.clone(), trace })
     }
 }
 
@@ -39,6 +41,9 @@ pub struct OutboxRow {
     pub claim_token: Option<ClaimToken>,
     /// As Postgres printed it (`2026-12-02 12:51:29.118468+00`).
     pub created_at: String,
+    /// The work's W3C trace context (migration 0033; absent from older tables).
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +75,8 @@ struct Layout {
     reason: usize,
     claim_token: Option<usize>,
     created_at: usize,
+    traceparent: Option<usize>,
+    tracestate: Option<usize>,
 }
 
 /// Relation messages seen on the stream, by OID. Postgres sends one before the first change
@@ -93,6 +100,8 @@ impl Relations {
             reason: need("reason")?,
             claim_token: rel.column_index("claim_token"),
             created_at: need("created_at")?,
+            traceparent: rel.column_index("traceparent"),
+            tracestate: rel.column_index("tracestate"),
             table,
         };
         self.layouts.insert(rel.id, layout);
@@ -116,6 +125,8 @@ impl Relations {
             reason: reason.parse().map_err(|_| RowError::BadValue { column: "reason", value: reason.to_string(), kind: "announcement reason" })?,
             claim_token: uuid(tuple, l.claim_token, "claim_token")?.map(ClaimToken),
             created_at: text(tuple, l.created_at, "created_at")?.ok_or(RowError::Null("created_at"))?.to_string(),
+            traceparent: optional_text(tuple, l.traceparent),
+            tracestate: optional_text(tuple, l.tracestate),
         };
         if row.delivery_id.is_none() && row.forward_id.is_none() {
             return Err(RowError::NoTarget(row.id));
@@ -131,6 +142,15 @@ fn text<'a>(tuple: &'a [TupleValue], i: usize, column: &'static str) -> Result<O
             .map_err(|_| RowError::BadValue { column, value: String::from_utf8_lossy(b).into_owned(), kind: "UTF-8 text" }),
         Some(TupleValue::Null) | None => Ok(None),
         Some(other) => Err(RowError::BadValue { column, value: format!("{other:?}"), kind: "text value" }),
+    }
+}
+
+/// An optional text column read leniently: what is not UTF-8 text is treated as absent
+/// (the trace context is informational; the row is announced either way).
+fn optional_text(tuple: &[TupleValue], i: Option<usize>) -> Option<String> {
+    match tuple.get(i?) {
+        Some(TupleValue::Text(b)) => std::str::from_utf8(b).ok().map(str::to_string),
+        _ => None,
     }
 }
 

@@ -189,10 +189,11 @@ claimed AS (
     FROM locked
     WHERE o.id = locked.id
     RETURNING o.id, o.project_id, o.delivery_id, o.forward_id, o.routing_id, o.reason, o.claim_token,
-              o.created_at::text AS created_at
+              o.created_at::text AS created_at, o.traceparent, o.tracestate
 )
 SELECT now() AS claimed_at, (SELECT count(*) FROM head) AS seen,
-       c.id, c.project_id, c.delivery_id, c.forward_id, c.routing_id, c.reason, c.claim_token, c.created_at
+       c.id, c.project_id, c.delivery_id, c.forward_id, c.routing_id, c.reason, c.claim_token, c.created_at,
+       c.traceparent, c.tracestate
 FROM (SELECT 1) AS one
 LEFT JOIN claimed c ON true
 ORDER BY c.id";
@@ -222,6 +223,8 @@ pub async fn claim_batch(client: &Client, limits: &Limits) -> Result<Claim, Rela
             reason: r.try_get("reason")?,
             claim_token: r.try_get("claim_token")?,
             created_at: r.try_get("created_at")?,
+            traceparent: r.try_get("traceparent")?,
+            tracestate: r.try_get("tracestate")?,
         });
     }
     rows.sort_by_key(|r| r.id);

@@ -87,6 +87,8 @@ async fn outbox_rows(client: &Client) -> Vec<OutboxRow> {
             reason: r.get(5),
             claim_token: r.get(6),
             created_at: r.get(7),
+            traceparent: None,
+            tracestate: None,
         })
         .collect()
 }

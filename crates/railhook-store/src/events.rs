@@ -12,7 +12,7 @@
 //! a concurrent inserter of the same key to commit; the loser then reads the winner's Event.
 
 use chrono::{DateTime, Utc};
-use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, EventId, ProjectId, SubscriptionId};
+use railhook_core::{DeliveryId, DeliveryStatus, EndpointId, EventId, ProjectId, SubscriptionId, TraceContext, TraceParent};
 use serde::Serialize;
 use tokio_postgres::types::Json;
 use deadpool_postgres::GenericClient;
@@ -34,8 +34,8 @@ WITH who AS (
     SELECT $2::uuid WHERE $2::uuid IS NOT NULL
 ),
 ev AS (
-    INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256)
-    SELECT $1, who.project_id, $3, $4, $5, $6 FROM who
+    INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate)
+    SELECT $1, who.project_id, $3, $4, $5, $6, $10, $11 FROM who
     ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, project_id, created_at
 ),
@@ -66,7 +66,11 @@ dl AS (
     RETURNING id, project_id, endpoint_id, subscription_id, sequence_number
 ),
 ob AS (
-    SELECT railhook_announce('d', array_agg(dl.project_id), array_agg(dl.id), array_agg(dl.endpoint_id), 'created') AS n FROM dl
+    SELECT railhook_announce('d', array_agg(dl.project_id), array_agg(dl.id), array_agg(dl.endpoint_id), 'created',
+                             -- The trace context, or empty arrays (none), so the function does not
+                             -- look the Event's up (it is not visible to it yet anyway).
+                             NULL, CASE WHEN $10::text IS NOT NULL THEN array_agg($10::text) ELSE '{}'::text[] END,
+                             CASE WHEN $11::text IS NOT NULL THEN array_agg($11::text) ELSE '{}'::text[] END) AS n FROM dl
 )
 SELECT who.project_id, ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
 FROM who CROSS JOIN ob LEFT JOIN ev ON true LEFT JOIN dl ON true
@@ -102,6 +106,10 @@ pub struct Event {
     pub created_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deliveries: Option<Vec<DeliverySummary>>,
+    /// The OpenTelemetry trace the Event belongs to (32 hex digits; issue 33): the caller's
+    /// `traceparent`'s, or the ingest span's when tracing is on. Absent without either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// Who ingests: a Project the caller already knows, or an API key that the ingest statement
@@ -122,6 +130,9 @@ pub struct NewEvent<'a> {
     pub request_sha256: Vec<u8>,
     /// The patterns that can match `event_type` (from `railhook_core::pattern`).
     pub candidate_patterns: Vec<String>,
+    /// The W3C trace context the ingest continued (issue 33): kept on the Event and carried
+    /// by its Deliveries' announcements. `None` when the caller sent none and tracing is off.
+    pub trace: Option<TraceContext>,
 }
 
 pub enum IngestOutcome {
@@ -143,11 +154,12 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
         Caller::ApiKey(secret) if secret.starts_with(crate::tenancy::API_KEY_PREFIX) => (None, Some(crate::tenancy::hash_key(secret))),
         Caller::ApiKey(_) => return Ok(IngestOutcome::Unauthenticated),
     };
+    let traceparent = new.trace.as_ref().map(TraceContext::traceparent);
     let statement = db.prepare_cached(INGEST_SQL).await?;
     let rows = db
         .query(
             &statement,
-            &[&id.0, &project, &new.event_type, &Json(new.payload), &new.idempotency_key, &new.request_sha256, &new.candidate_patterns, &delays, &key_hash],
+            &[&id.0, &project, &new.event_type, &Json(new.payload), &new.idempotency_key, &new.request_sha256, &new.candidate_patterns, &delays, &key_hash, &traceparent, &new.trace.as_ref().and_then(|t| t.state.as_deref())],
         )
         .await?;
     let Some(first) = rows.first() else { return Ok(IngestOutcome::Unauthenticated) };
@@ -174,6 +186,7 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
             payload: None,
             created_at: now,
             deliveries: Some(deliveries),
+            trace_id: new.trace.as_ref().map(|t| t.parent.trace_id_hex()),
         }));
     }
     // No Event inserted: the idempotency key exists (the insert waited for its writer to commit).
@@ -197,6 +210,7 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
         payload: None,
         created_at: row.try_get(2)?,
         deliveries: Some(deliveries),
+        trace_id: None,
     }))
 }
 
@@ -228,7 +242,7 @@ pub async fn deliveries_of<C: GenericClient + Sync>(db: &C, project: ProjectId, 
 pub async fn get_event<C: GenericClient + Sync>(db: &C, project: ProjectId, id: EventId) -> Result<Option<Event>, StoreError> {
     let Some(row) = db
         .query_opt(
-            "SELECT event_type, payload, created_at FROM events WHERE id = $1 AND project_id = $2",
+            "SELECT event_type, payload, created_at, traceparent FROM events WHERE id = $1 AND project_id = $2",
             &[&id.0, &project.0],
         )
         .await?
@@ -242,7 +256,14 @@ pub async fn get_event<C: GenericClient + Sync>(db: &C, project: ProjectId, id: 
         payload: Some(row.try_get::<_, Json<serde_json::Value>>(1)?.0),
         created_at: row.try_get(2)?,
         deliveries: Some(deliveries),
+        trace_id: trace_id(row.try_get(3)?),
     }))
+}
+
+/// The trace id of a stored `traceparent` (written normalised by the ingest; anything else
+/// is shown as no trace).
+fn trace_id(traceparent: Option<String>) -> Option<String> {
+    TraceParent::parse(traceparent?.as_bytes()).map(|p| p.trace_id_hex())
 }
 
 pub struct EventFilter {
@@ -257,7 +278,7 @@ pub struct EventFilter {
 pub async fn list_events<C: GenericClient + Sync>(db: &C, project: ProjectId, f: &EventFilter) -> Result<Vec<Event>, StoreError> {
     let rows = db
         .query(
-            "SELECT id, event_type, payload, created_at FROM events
+            "SELECT id, event_type, payload, created_at, traceparent FROM events
              WHERE project_id = $1
                AND ($2::text IS NULL OR event_type = $2)
                AND ($3::timestamptz IS NULL OR created_at >= $3)
@@ -275,6 +296,7 @@ pub async fn list_events<C: GenericClient + Sync>(db: &C, project: ProjectId, f:
                 payload: Some(r.try_get::<_, Json<serde_json::Value>>(2)?.0),
                 created_at: r.try_get(3)?,
                 deliveries: None,
+                trace_id: trace_id(r.try_get(4)?),
             })
         })
         .collect()

@@ -75,6 +75,9 @@ pub struct NewIncomingEvent<'a> {
     /// The raw bytes, never re-serialised.
     pub body: &'a [u8],
     pub content_type: Option<&'a str>,
+    /// The W3C trace context the ingress request continued (issue 33), carried by the
+    /// Forwards' announcements. (The request's own `traceparent` is among `headers`.)
+    pub trace: Option<railhook_core::TraceContext>,
 }
 
 /// What storing a request did.
@@ -101,7 +104,9 @@ fw AS (
     RETURNING id, destination_id
 ),
 ob AS (
-    SELECT railhook_announce('f', array_agg($2::uuid), array_agg(fw.id), array_agg(fw.destination_id), 'created') AS n FROM fw
+    SELECT railhook_announce('f', array_agg($2::uuid), array_agg(fw.id), array_agg(fw.destination_id), 'created',
+                             NULL, CASE WHEN $12::text IS NOT NULL THEN array_agg($12::text) END,
+                             CASE WHEN $13::text IS NOT NULL THEN array_agg($13::text) END) AS n FROM fw
 )
 SELECT ev.received_at, fw.id, fw.destination_id
 FROM ev CROSS JOIN ob LEFT JOIN fw ON true
@@ -128,6 +133,8 @@ pub async fn receive<C: deadpool_postgres::GenericClient + Sync>(db: &C, new: Ne
                 &INCOMING_MAX_ATTEMPTS,
                 &delays,
                 &FORWARD_TIMEOUT_SECONDS,
+                &new.trace.as_ref().map(railhook_core::TraceContext::traceparent),
+                &new.trace.as_ref().and_then(|t| t.state.as_deref()),
             ],
         )
         .await?;

@@ -214,7 +214,7 @@ async fn deliveries(client: &Client, fixture: &Fixture) -> Vec<Uuid> {
         client
             .query(
                 events::INGEST_SQL,
-                &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>],
+                &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>, &None::<&str>, &None::<&str>],
             )
             .await
             .unwrap();

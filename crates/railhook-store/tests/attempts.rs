@@ -27,7 +27,7 @@ async fn ingest(client: &Client, fixture: &Fixture) -> Vec<DeliveryId> {
     let rows = client
         .query(
             events::INGEST_SQL,
-            &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>],
+            &[&Uuid::now_v7(), &fixture.project.0, &"order.paid", &Json(&payload), &None::<&str>, &vec![0u8; 32], &candidate_patterns(&ty), &events::DEFAULT_OUTGOING_DELAYS.to_vec(), &None::<Vec<u8>>, &None::<&str>, &None::<&str>],
         )
         .await
         .unwrap();
@@ -189,15 +189,20 @@ async fn migration_0017_copies_existing_attempts_into_daily_partitions() {
     // made by a stand-in, as the ingest of that time made them.
     client
         .batch_execute(
-            "CREATE FUNCTION railhook_announce(p_kind \"char\", p_projects uuid[], p_ids uuid[], p_routing uuid[], p_reason text, p_tokens uuid[] DEFAULT NULL)
+            "CREATE FUNCTION railhook_announce(p_kind \"char\", p_projects uuid[], p_ids uuid[], p_routing uuid[], p_reason text, p_tokens uuid[] DEFAULT NULL,
+                                                p_traceparents text[] DEFAULT NULL, p_tracestates text[] DEFAULT NULL)
              RETURNS integer LANGUAGE sql AS $$
                  INSERT INTO outbox (project_id, delivery_id, routing_id, reason) SELECT * FROM unnest(p_projects, p_ids, p_routing) , LATERAL (SELECT p_reason) r;
-                 SELECT coalesce(cardinality(p_ids), 0) $$",
+                 SELECT coalesce(cardinality(p_ids), 0) $$;
+             -- Today's ingest also writes the Event's trace context (migration 0033): the
+             -- columns stand in for the ingest below and go again before the migrations run.
+             ALTER TABLE events ADD COLUMN traceparent text, ADD COLUMN tracestate text;",
         )
         .await
         .unwrap();
     let fixture = Fixture::create(&client, 2).await;
     let deliveries = ingest(&client, &fixture).await;
+    client.batch_execute("ALTER TABLE events DROP COLUMN traceparent, DROP COLUMN tracestate").await.unwrap();
     let now = Utc::now();
     let three_days_ago = now - Duration::days(3);
     for (i, (delivery, at)) in deliveries.iter().zip([three_days_ago, now]).enumerate() {

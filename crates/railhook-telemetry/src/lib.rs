@@ -3,9 +3,13 @@
 //! `/readyz` (its dependencies are reachable). And the HTTP/1 server they and the API run on
 //! ([`serve_with`]), whose connections end in a lingering close (module `lingering`). And the
 //! latency stages of a Delivery's path ([`stages`]), which the relay and the worker observe.
+//! And OpenTelemetry traces ([`traces`]): the spans' target and names, their export.
 
 mod lingering;
 pub mod stages;
+pub mod traces;
+
+pub use traces::Export;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,14 +27,39 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use railhook_config::{ApiConfig, LogFormat, TelemetryConfig};
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global `tracing` subscriber. Call once, before the runtime starts work.
+/// Installs the global `tracing` subscriber, logs only. Call once, before the runtime
+/// starts work.
 pub fn init_tracing(config: &TelemetryConfig) {
+    install(config, None);
+}
+
+/// Installs the global `tracing` subscriber with the OpenTelemetry export the environment
+/// asks for (`OTEL_EXPORTER_OTLP_ENDPOINT`, [`traces`]), if any. The returned [`Export`]
+/// must be shut down before the process exits; an `OTEL_*` setting it cannot honour is an
+/// error (start-up refuses, naming the variable).
+pub fn init_tracing_with_export(config: &TelemetryConfig) -> Result<Option<Export>, traces::ExportError> {
+    let export = Export::from_env()?;
+    install(config, export.as_ref());
+    Ok(export)
+}
+
+fn install(config: &TelemetryConfig, export: Option<&Export>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = EnvFilter::try_new(&config.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let result = match config.log_format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    // The trace spans are the exporter's, never the log's (whatever log_filter says).
+    let filter = match format!("{}=off", traces::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
     };
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match config.log_format {
+        LogFormat::Human => fmt.boxed(),
+        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+    };
+    let otel = export.map(|e| e.layer().with_filter(tracing_subscriber::filter::Targets::new().with_target(traces::TARGET, tracing::Level::TRACE)));
+    let result = tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).try_init();
     // A second init (tests) keeps the first subscriber.
     let _ = result;
 }

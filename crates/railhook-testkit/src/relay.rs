@@ -225,6 +225,7 @@ impl Fixture {
             idempotency_key: None,
             request_sha256: vec![0; 32],
             candidate_patterns: railhook_core::pattern::candidate_patterns(&ty),
+            trace: None,
         };
         let event = match events::ingest(&client, new).await.expect("ingest") {
             events::IngestOutcome::Created(e) => e,

@@ -255,7 +255,7 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, Path(id): Path
         div data-refresh-seconds=[(!delivery.status.is_terminal()).then_some("3")] {
             h1 { "Delivery " code { (delivery.id) } }
             @if p.retried.is_some() { p.notice.ok role="status" { "Back on the Retry Ladder: the next Attempt is due now." } }
-            (facts(&delivery))
+            (facts(&delivery, event.as_ref().and_then(|e| e.trace_id.as_deref()), &state.config.ui))
             @if delivery.status == DeliveryStatus::Failed { (retry_form(&viewer, delivery.id)) }
             h2 { "Request" }
             (request(&delivery, endpoint.as_ref().map(|e| e.url.as_str()), event.as_ref().and_then(|e| e.payload.as_ref())))
@@ -268,11 +268,21 @@ pub async fn detail(viewer: Viewer, State(state): State<UiState>, Path(id): Path
     Ok(page::frame(&viewer, "/ui/deliveries", &format!("Delivery {}", delivery.id), body))
 }
 
-fn facts(d: &Delivery) -> Markup {
+/// `trace_id`: the Event's OpenTelemetry trace (issue 33), linked to the trace viewer when
+/// `ui.trace_url_template` is set.
+fn facts(d: &Delivery, trace_id: Option<&str>, ui: &railhook_config::UiConfig) -> Markup {
     html! {
         dl.facts {
             dt { "Status" } dd { (page::status(d.status)) @if d.parked { " (parked: waits for the previous Sequence Number)" } }
             dt { "Event" } dd { code { (d.event_id) } " · " (d.event_type) }
+            @if let Some(trace_id) = trace_id {
+                dt { "Trace" } dd {
+                    @match ui.trace_url(trace_id) {
+                        Some(url) => a.trace href=(url) target="_blank" rel="noopener noreferrer" { code { (trace_id) } },
+                        None => code { (trace_id) },
+                    }
+                }
+            }
             dt { "Endpoint" } dd { a href={ "/ui/deliveries?endpoint_id=" (d.endpoint_id) } { code { (d.endpoint_id) } } }
             dt { "Attempts" } dd { (d.attempt_count) " of at most " (d.max_attempts) }
             dt { "Next Attempt" } dd { (page::maybe_time(d.next_retry_at)) }

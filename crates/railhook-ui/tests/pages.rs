@@ -30,7 +30,9 @@ struct Ui {
 impl Ui {
     async fn new() -> Ui {
         let db = TestDb::new().await;
-        let config = test_config(&db);
+        let mut config = test_config(&db);
+        // An Event's trace links here (issue 33); untraced Events show no trace.
+        config.ui.trace_url_template = "http://jaeger.test:16686/trace/{trace_id}".into();
         let operator = config.api.admin_token.clone();
         let pool = railhook_store::build_pool(&config.database).expect("pool");
         let app = router(UiState::new(Arc::new(config), pool.clone()));
@@ -302,6 +304,7 @@ async fn incoming_fixture(ui: &Ui, project: ProjectId) -> (railhook_core::Source
         headers: &headers,
         body: b"{\"a\":\"<script>x</script>\"}",
         content_type: Some("application/json"),
+        trace: None,
     };
     let Received::Stored { id, forwards, .. } = incoming::receive(&client, new).await.unwrap() else { panic!("stored") };
     let forward = forwards[0].0;
@@ -493,6 +496,7 @@ async fn a_deliverys_page_shows_each_attempts_request_headers_escaped() {
         idempotency_key: None,
         request_sha256: vec![0; 32],
         candidate_patterns: railhook_core::pattern::candidate_patterns(&ty),
+        trace: railhook_core::TraceContext::from_text(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), None),
     };
     let railhook_store::events::IngestOutcome::Created(event) = railhook_store::events::ingest(&client, new).await.unwrap() else { panic!("created") };
     let delivery: uuid::Uuid = client.query_one("SELECT id FROM deliveries WHERE event_id = $1", &[&event.id.0]).await.unwrap().get(0);
@@ -512,4 +516,6 @@ async fn a_deliverys_page_shows_each_attempts_request_headers_escaped() {
     assert!(page.body.contains("v1,c2ln"));
     assert!(page.body.contains("&lt;redacted&gt;"));
     assert!(page.body.contains("&lt;b&gt;hi&lt;/b&gt;") && !page.body.contains("<b>hi</b>"), "escaped");
+    // The Event's trace id, linked to the configured trace viewer (ui.trace_url_template).
+    assert!(page.body.contains(r#"href="http://jaeger.test:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736""#), "{}", page.body);
 }

@@ -55,7 +55,7 @@ impl OffsetTracker {
 }
 
 /// What the worker takes from an announcement: the Delivery and the scheduler's token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hint {
     pub delivery: railhook_core::DeliveryId,
     pub claim_token: Option<railhook_core::ClaimToken>,
@@ -65,6 +65,10 @@ pub struct Hint {
     /// Its Kafka partition and offset: one Endpoint's hints are claimed in this order within
     /// a claim batch (its ordered Deliveries' commit order). `None` without a message.
     pub position: Option<(i32, i64)>,
+    /// The W3C trace context the announcement carried (issue 33: the `traceparent` and
+    /// `tracestate` headers, or the inline hint's): the parent of this Delivery's claim,
+    /// Attempt and finalise spans, and what the receiver is sent.
+    pub trace: Option<railhook_core::TraceContext>,
 }
 
 /// Parses a message (`railhook_kafka::Announcement`, the relay's contract): the hint and its
@@ -72,7 +76,7 @@ pub struct Hint {
 pub fn parse_hint(key: &[u8], payload: &[u8]) -> Option<(railhook_core::EndpointId, Hint)> {
     match railhook_kafka::Announcement::parse_keyed(key, payload) {
         Ok(railhook_kafka::Announcement { target: railhook_kafka::Target::Delivery { delivery, endpoint }, claim_token, .. }) => {
-            Some((endpoint, Hint { delivery, claim_token, announced_at: None, position: None }))
+            Some((endpoint, Hint { delivery, claim_token, announced_at: None, position: None, trace: None }))
         }
         Ok(_) => None,
         Err(e) => {
@@ -110,7 +114,7 @@ mod tests {
         let key = ep.to_string();
         let token = railhook_core::ClaimToken::new();
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "retry", "claim_token": token.to_string()});
-        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token), announced_at: None, position: None })));
+        assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()), Some((ep, Hint { delivery: d, claim_token: Some(token), announced_at: None, position: None, trace: None })));
         let v = serde_json::json!({"v": 1, "delivery_id": d.to_string(), "reason": "created"});
         assert_eq!(parse_hint(key.as_bytes(), v.to_string().as_bytes()).unwrap().1.claim_token, None);
         let forward = serde_json::json!({"v": 1, "forward_id": railhook_core::ForwardId::new().to_string(), "reason": "created"}).to_string();

@@ -48,6 +48,10 @@ use tokio_util::sync::CancellationToken;
 use crate::consumer::OffsetTracker;
 use crate::error::{self, WorkerError};
 use crate::http::{self, AttemptOutcome, OutgoingRequest, Verdict};
+use railhook_core::TraceContext;
+use railhook_telemetry::traces;
+use rdkafka::message::Headers as _;
+use tracing::Instrument as _;
 use crate::ladder::{self, Step};
 use crate::runner::Batcher;
 use crate::WorkerMetrics;
@@ -328,8 +332,15 @@ impl Forwarder {
     }
 
     /// One hint: the claim (then `claimed_tx`: the offset may be stored), the Attempt.
-    pub async fn run(&self, forward: ForwardId, hint: Option<ClaimToken>, claimed_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Ran, WorkerError> {
-        let claimed = self.claim(forward, hint, hard_stop).await;
+    /// `trace`: the announcement's trace context (issue 33): the claim, Attempt and finalise
+    /// spans are its children, and the Destination gets `traceparent`, as for Deliveries.
+    pub async fn run(&self, forward: ForwardId, hint: Option<ClaimToken>, trace: Option<TraceContext>, claimed_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Ran, WorkerError> {
+        let claim_span = match &trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::CLAIM, otel.kind = "consumer", railhook.forward_id = %forward),
+        };
+        traces::continue_from(&claim_span, trace.as_ref());
+        let claimed = self.claim(forward, hint, hard_stop).instrument(claim_span).await;
         if matches!(claimed, Ok(None)) {
             // Stopping before the claim step ended: the offset stays, the hint is read again.
             return Ok(Ran::NothingClaimed);
@@ -343,7 +354,7 @@ impl Forwarder {
             ForwardClaimResult::Deferred(why) => return self.counted(why.as_str(), Ran::Deferred),
         };
         self.metrics.claims.with_label_values(&["claimed"]).inc();
-        self.attempt(*outcome, hard_stop).await
+        self.attempt(*outcome, hard_stop, trace.as_ref()).await
     }
 
     fn counted(&self, outcome: &str, ran: Ran) -> Result<Ran, WorkerError> {
@@ -352,17 +363,36 @@ impl Forwarder {
     }
 
     /// One Attempt on a claimed Forward: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: ClaimedForward, hard_stop: &CancellationToken) -> Result<Ran, WorkerError> {
+    async fn attempt(&self, claimed: ClaimedForward, hard_stop: &CancellationToken, trace: Option<&TraceContext>) -> Result<Ran, WorkerError> {
         let f = &claimed.forward;
         let number = f.attempt_count + 1;
         self.metrics.in_flight.inc();
-        let outgoing = request(f, number);
+        let mut outgoing = request(f, number);
+        let attempt_span = match trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::ATTEMPT,
+                otel.kind = "client", http.request.method = "POST", railhook.forward_id = %f.id, railhook.attempt = number,
+                http.response.status_code = tracing::field::Empty),
+        };
+        traces::continue_from(&attempt_span, trace);
+        if let Some(outgoing_trace) = traces::context_of(&attempt_span, trace) {
+            http::set_trace_headers(&mut outgoing.headers, &outgoing_trace);
+        }
         let request_headers = recorded_headers(f, &outgoing.headers);
         // Nothing but the HTTP request in this future.
         let outcome = tokio::select! {
-            outcome = self.sender.send(outgoing) => Some(outcome),
+            outcome = self.sender.send(outgoing).instrument(attempt_span.clone()) => Some(outcome),
             _ = hard_stop.cancelled() => None,
         };
+        if let (false, Some(outcome)) = (attempt_span.is_disabled(), &outcome) {
+            if let Some(status) = outcome.status_code {
+                attempt_span.record("http.response.status_code", status);
+            }
+            if !matches!(outcome.result, http::AttemptResult::Success) {
+                traces::fail(&attempt_span, outcome.result.as_str());
+            }
+        }
+        drop(attempt_span);
         self.metrics.in_flight.dec();
         let Some(outcome) = outcome else {
             let client = connection(&self.pool).await?;
@@ -385,7 +415,12 @@ impl Forwarder {
             // answer, even a 4xx, shows the Destination is up.
             healthy: !matches!(verdict, Verdict::Retry { .. }),
         };
-        let finalised = self.finalise(request).await?;
+        let finalise_span = match trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::FINALISE, railhook.forward_id = %f.id, railhook.outcome = ?ran),
+        };
+        traces::continue_from(&finalise_span, trace);
+        let finalised = self.finalise(request).instrument(finalise_span).await?;
         if let Some(change) = finalised.circuit {
             tracing::info!(destination = %f.destination.id, %change, "circuit state changed");
             self.metrics.circuit_changes.with_label_values(&[change.as_str()]).inc();
@@ -518,7 +553,8 @@ impl Consuming<'_> {
         let (partition, offset) = (m.partition(), m.offset());
         self.tracker.started(partition, offset);
         let parsed = parse_hint(m.key().unwrap_or_default(), m.payload().unwrap_or_default());
-        self.hint(partition, offset, parsed);
+        let trace = m.headers().and_then(|h| Announcement::trace_from_headers(h.iter().map(|h| (h.key, h.value))));
+        self.hint(partition, offset, parsed, trace);
     }
 
     /// An announcement from this process's relay (the inline transport).
@@ -528,10 +564,10 @@ impl Consuming<'_> {
             railhook_kafka::Target::Forward { forward, .. } => Some((forward, inline.announcement.claim_token)),
             railhook_kafka::Target::Delivery { .. } => None,
         };
-        self.hint(0, seq, parsed);
+        self.hint(0, seq, parsed, inline.announcement.trace);
     }
 
-    fn hint(&mut self, partition: i32, offset: i64, parsed: Option<(ForwardId, Option<ClaimToken>)>) {
+    fn hint(&mut self, partition: i32, offset: i64, parsed: Option<(ForwardId, Option<ClaimToken>)>, trace: Option<TraceContext>) {
         let Some((id, hint)) = parsed else {
             self.forwarder.metrics.bad_messages.inc();
             self.done(partition, offset);
@@ -546,7 +582,7 @@ impl Consuming<'_> {
             let notify = move || {
                 let _ = done.send((partition, offset));
             };
-            if let Err(e) = f.run(id, hint, notify, &stop).await {
+            if let Err(e) = f.run(id, hint, trace, notify, &stop).await {
                 tracing::warn!(error = %error::chain(&e), forward = %id, "forward announcement failed");
             }
             drop(permit);

@@ -125,6 +125,16 @@ pub fn is_credential_header(name: &str) -> bool {
     name != "idempotency-key" && ["token", "secret", "password", "passwd", "key", "auth", "session", "credential"].iter().any(|w| name.contains(w))
 }
 
+/// Sets the W3C trace context headers (issue 33) on an Attempt's request: `traceparent`
+/// and, when there is one, `tracestate`, in place of any an Endpoint's custom headers named.
+pub fn set_trace_headers(headers: &mut Vec<(String, String)>, trace: &railhook_core::TraceContext) {
+    headers.retain(|(name, _)| !name.eq_ignore_ascii_case("traceparent") && !name.eq_ignore_ascii_case("tracestate"));
+    headers.push(("traceparent".to_owned(), trace.traceparent()));
+    if let Some(state) = &trace.state {
+        headers.push(("tracestate".to_owned(), state.clone()));
+    }
+}
+
 /// The request headers as the attempt log keeps them: a JSON object of lower-case name to
 /// value (a repeated name's values joined with ", "), with the value of every credential
 /// ([`is_credential_header`], and each name in `also_secret`, compared case-insensitively)

@@ -230,7 +230,10 @@ impl Consuming<'_> {
         let stamp = message.headers().map(|h| railhook_kafka::Stamp::from_headers(h.iter().map(|h| (h.key, h.value)))).unwrap_or_default();
         self.offsets.tracker.started(partition, offset);
         // The relay keys every Delivery announcement by its Endpoint: the queue it waits in.
-        let parsed = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default());
+        let mut parsed = consumer::parse_hint(message.key().unwrap_or_default(), message.payload().unwrap_or_default());
+        if let (Some((_, hint)), Some(headers)) = (parsed.as_mut(), message.headers()) {
+            hint.trace = railhook_kafka::Announcement::trace_from_headers(headers.iter().map(|h| (h.key, h.value)));
+        }
         self.hint(partition, offset, received, stamp, parsed);
     }
 
@@ -241,7 +244,7 @@ impl Consuming<'_> {
         self.offsets.acks.taken(seq, inline.ack);
         let parsed = match inline.announcement.target {
             railhook_kafka::Target::Delivery { delivery, endpoint } => {
-                Some((endpoint, consumer::Hint { delivery, claim_token: inline.announcement.claim_token, announced_at: None, position: None }))
+                Some((endpoint, consumer::Hint { delivery, claim_token: inline.announcement.claim_token, announced_at: None, position: None, trace: inline.announcement.trace }))
             }
             railhook_kafka::Target::Forward { .. } => None,
         };
@@ -286,7 +289,7 @@ impl Consuming<'_> {
                 if let Some(delivery) = released {
                     // The ordered successor this Attempt's finalise released: claimed now,
                     // in the same Endpoint's queue (it has no Kafka offset of its own).
-                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None, position: None }, place: None, received: None };
+                    let queued = queues::Queued { hint: consumer::Hint { delivery, claim_token: None, announced_at: None, position: None, trace: None }, place: None, received: None };
                     if let Some(start) = self.queues.offer_front(endpoint, queued, now) {
                         if self.permits.available_permits() > 0 {
                             self.start(start);
@@ -423,7 +426,7 @@ async fn attempt_task(
 ) {
     runner.metrics.in_flight.inc();
     let queues::Start { endpoint, queued, mode, past_claim } = start;
-    let delivery = queued.hint.delivery;
+    let (delivery, place) = (queued.hint.delivery, queued.place);
     // Counted among the Endpoint's slots past their claim from the claim's end to the
     // request's (ingest pacing's signal, `queues::EndpointQueues::measure`); a panic leaves too.
     let past_claim = queues::PastClaim::new(past_claim);
@@ -451,7 +454,7 @@ async fn attempt_task(
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
-    let (busy, released) = match runner.run(queued.hint, queued.received, mode, notify, sent, hard_stop).await {
+    let (busy, released) = match runner.run(queued.hint.clone(), queued.received, mode, notify, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
@@ -470,7 +473,7 @@ async fn attempt_task(
     // can start at once.
     drop(unfinished.permit.take());
     let slot_freed = slot_freed.load(std::sync::atomic::Ordering::Relaxed);
-    let _ = events.send(TaskEvent::Finished { endpoint, place: queued.place, busy, released, slot_freed }).await;
+    let _ = events.send(TaskEvent::Finished { endpoint, place, busy, released, slot_freed }).await;
 }
 
 /// The drop guard of an attempt task that did not reach its end (it panicked, or was

@@ -72,7 +72,7 @@ impl QueueLimits {
 
 /// A hint with its place in Kafka (partition, offset: stored once its claim step is over);
 /// none for a hint the worker made itself (an ordered successor its finalise released).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
     pub hint: Hint,
     pub place: Option<(i32, i64)>,
@@ -420,7 +420,7 @@ mod tests {
     }
 
     fn hint(offset: i64) -> Queued {
-        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None, announced_at: None, position: None }, place: Some((0, offset)), received: None }
+        Queued { hint: Hint { delivery: DeliveryId::new(), claim_token: None, announced_at: None, position: None, trace: None }, place: Some((0, offset)), received: None }
     }
 
     #[test]
@@ -490,7 +490,7 @@ mod tests {
         assert_eq!(again[0].mode, ClaimMode::Wait);
         // Busy for longer than the bound: the next claim may defer.
         let late = t0 + Duration::from_secs(6);
-        q.finished(e, Some((again[0].queued, BusyOn::RateWindow(Duration::from_millis(300)))), late);
+        q.finished(e, Some((again[0].queued.clone(), BusyOn::RateWindow(Duration::from_millis(300)))), late);
         assert_eq!(q.next_wakeup(), Some(late + Duration::from_millis(300)), "a rate window's pause is kept");
         let woken = late + Duration::from_millis(300);
         assert_eq!(q.woken(woken), vec![e]);

@@ -18,9 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use railhook_core::signing::EndpointSecret;
-use railhook_core::{ClaimToken, DeferralReason};
+use railhook_core::{ClaimToken, DeferralReason, TraceContext};
 use railhook_store::lifecycle::{self, AttemptRecord, ClaimRequest, ClaimResult, Claimed, Next};
 use railhook_telemetry::stages::Stage;
+use railhook_telemetry::traces;
+use tracing::Instrument as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -305,8 +307,29 @@ impl Runner {
     /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
     /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
     /// [`Runner::attempt`]).
+    ///
+    /// Traces (issue 33): with the hint's trace context, the claim, the Attempt and the
+    /// finalise are spans, children of that context in this order; untraced hints make none.
     pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
-        let claimed = self.claim(hint, mode, &hard_stop).await;
+        let trace = hint.trace.clone();
+        let claim_span = match &trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::CLAIM,
+                otel.kind = "consumer", railhook.delivery_id = %hint.delivery, railhook.claim = tracing::field::Empty),
+        };
+        traces::continue_from(&claim_span, trace.as_ref());
+        let claimed = self.claim(&hint, mode, &hard_stop).instrument(claim_span.clone()).await;
+        if !claim_span.is_disabled() {
+            let answer = match &claimed {
+                Ok(Some(ClaimResult::Claimed(_))) => "claimed",
+                Ok(Some(ClaimResult::Deferred(_))) => "deferred",
+                Ok(Some(ClaimResult::Busy(_))) => "busy",
+                Ok(Some(_)) | Ok(None) => "nothing",
+                Err(_) => "error",
+            };
+            claim_span.record("railhook.claim", answer);
+        }
+        drop(claim_span);
         let claim_done = Instant::now();
         if let Ok(Some(ClaimResult::Busy(reason))) = &claimed {
             self.metrics.claims_busy.with_label_values(&[reason.as_str()]).inc();
@@ -364,14 +387,14 @@ impl Runner {
         if let Some(parked) = claimed.parked_at {
             self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
-        self.attempt(claimed, claim_done, held, sent_tx, &hard_stop).await
+        self.attempt(claimed, claim_done, held, sent_tx, &hard_stop, trace.as_ref()).await
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
     /// all) and while Postgres is unreachable (about five minutes). `None`: cut short by the
     /// hard stop. Both waits hold the hint's offset: a crash meanwhile redelivers the hint,
     /// and so does a shutdown (the offset stays uncommitted).
-    async fn claim(&self, hint: Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
+    async fn claim(&self, hint: &Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
         let mut request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at, position: hint.position };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut behind_waits = BEHIND_RETRY_MS.iter();
@@ -417,14 +440,28 @@ impl Runner {
     }
 
     /// One Attempt on a claimed Delivery: the request, its outcome, the finalise.
-    async fn attempt(&self, claimed: Claimed, claim_done: Instant, mut held: Option<Held>, sent_tx: impl FnOnce(), hard_stop: &CancellationToken) -> Result<Outcome, WorkerError> {
-        let request = self.request(&claimed);
+    ///
+    /// `trace`: the hint's trace context. The Attempt span (a client span) is its child; the
+    /// receiver gets `traceparent` (and `tracestate`) naming that span, or with export off
+    /// the context as it came (the W3C pass-through).
+    async fn attempt(&self, claimed: Claimed, claim_done: Instant, mut held: Option<Held>, sent_tx: impl FnOnce(), hard_stop: &CancellationToken, trace: Option<&TraceContext>) -> Result<Outcome, WorkerError> {
+        let mut request = self.request(&claimed);
+        let attempt_span = match trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::ATTEMPT,
+                otel.kind = "client", http.request.method = "POST", railhook.delivery_id = %claimed.id,
+                railhook.attempt = claimed.attempt_count + 1, http.response.status_code = tracing::field::Empty),
+        };
+        traces::continue_from(&attempt_span, trace);
+        if let Some(outgoing) = traces::context_of(&attempt_span, trace) {
+            http::set_trace_headers(&mut request.headers, &outgoing);
+        }
         let request_headers = http::recorded_headers(&request.headers, &[]);
         let sending = Instant::now();
         self.metrics.stages.observe(Stage::ClaimToSend, sending - claim_done);
         // Invariant 1: nothing but the HTTP request in this future.
         let outcome = tokio::select! {
-            outcome = self.sender.send(request) => outcome,
+            outcome = self.sender.send(request).instrument(attempt_span.clone()) => outcome,
             _ = hard_stop.cancelled() => {
                 let client = connection(&self.pool).await?;
                 lifecycle::release(&client, claimed.id, claimed.token, None).await.map_err(|e| WorkerError::postgres("release", e))?;
@@ -434,6 +471,15 @@ impl Runner {
         // The request is over: out of the concurrency counts from here to the finalise's end
         // (the guard), and the Endpoint's slot is free for its next hint.
         let responded = Instant::now();
+        if !attempt_span.is_disabled() {
+            if let Some(status) = outcome.status_code {
+                attempt_span.record("http.response.status_code", status);
+            }
+            if !matches!(outcome.result, http::AttemptResult::Success) {
+                traces::fail(&attempt_span, outcome.result.as_str());
+            }
+        }
+        drop(attempt_span);
         self.metrics.stages.observe(Stage::Request, responded - sending);
         let _finishing = self.finishing.enter(claimed.token);
         sent_tx();
@@ -450,7 +496,12 @@ impl Runner {
         let healthy = !matches!(verdict, Verdict::Retry { .. });
         let last_error = last_error(&verdict, &outcome);
         let request = lifecycle::FinaliseRequest::new(&claimed, next, last_error, record(&outcome, request_headers, self.clock.offset()), healthy);
-        let finalised = self.finalise(request).await?;
+        let finalise_span = match trace {
+            None => tracing::Span::none(),
+            Some(_) => tracing::info_span!(target: traces::TARGET, parent: None, traces::span::FINALISE, railhook.delivery_id = %claimed.id, railhook.outcome = ?ran),
+        };
+        traces::continue_from(&finalise_span, trace);
+        let finalised = self.finalise(request).instrument(finalise_span).await?;
         self.metrics.stages.observe(Stage::ResponseToFinalise, responded.elapsed());
         if let Some(change) = finalised.circuit {
             tracing::info!(endpoint = %claimed.endpoint_id, %change, "circuit state changed");

@@ -43,7 +43,7 @@ async fn ingress(pool: &railhook_store::Pool, project: ProjectId, source: Source
     let client = pool.get().await.unwrap();
     let stored: Vec<StoredHeader> = headers.iter().map(|(n, v)| StoredHeader::new(n, v)).collect();
     let event_id = uuid::Uuid::new_v4().to_string();
-    let new = NewIncomingEvent { project, source, provider_event_id: Some(&event_id), method: "POST", headers: &stored, body, content_type };
+    let new = NewIncomingEvent { project, source, provider_event_id: Some(&event_id), method: "POST", headers: &stored, body, content_type, trace: None };
     match incoming::receive(&client, new).await.unwrap() {
         Received::Stored { id, forwards, .. } => (id, forwards),
         other => panic!("{other:?}"),

@@ -17,7 +17,14 @@ mod verify_cmd;
 /// with a transactional outbox, streamed from the WAL to Kafka by the relay, and delivered,
 /// signed and retried, by the worker.
 #[derive(Debug, Parser)]
-#[command(name = "railhook", version, propagate_version = true)]
+#[command(
+    name = "railhook",
+    version,
+    propagate_version = true,
+    after_help = "OpenTelemetry traces (api, relay, worker, all): off unless OTEL_EXPORTER_OTLP_ENDPOINT (or \
+                  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) names an OTLP/HTTP collector; OTEL_SERVICE_NAME, \
+                  OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG apply. See docs/TRACING.md."
+)]
 struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
@@ -199,7 +206,15 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
         None => FileSource::Default,
     };
     let config = Config::load(file, &overrides)?;
-    railhook_telemetry::init_tracing(&config.telemetry);
+    // OpenTelemetry export only for the long-running components (docs/TRACING.md): the CLI
+    // commands make no spans worth a trace.
+    let serves = matches!(cli.command, Command::Api { .. } | Command::All { .. } | Command::Relay { .. } | Command::Worker);
+    let export = if serves {
+        railhook_telemetry::init_tracing_with_export(&config.telemetry)?
+    } else {
+        railhook_telemetry::init_tracing(&config.telemetry);
+        None
+    };
 
     if let Command::Config { command: ConfigCommand::Check } = &cli.command {
         print!("{}", config.redacted_toml());
@@ -209,7 +224,7 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
 
 
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         match cli.command {
             Command::Migrate => commands::migrate(&config).await,
             Command::Api { .. } => commands::api(config).await,
@@ -228,5 +243,10 @@ fn try_main(cli: Cli) -> anyhow::Result<ExitCode> {
             },
             _ => unreachable!("handled above"),
         }
-    })
+    });
+    // The spans still queued go out before the process exits (bounded by the exporter's timeout).
+    if let Some(export) = export {
+        export.shutdown();
+    }
+    outcome
 }

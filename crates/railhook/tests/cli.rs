@@ -90,6 +90,17 @@ fn every_subcommand_has_help() {
     }
 }
 
+/// Tracing (issue 33, docs/TRACING.md): `--help` says how to turn export on, and an OTLP
+/// protocol this build cannot speak stops a component at start-up, naming the variable.
+#[test]
+fn help_names_the_otel_variables_and_a_grpc_exporter_is_refused() {
+    let out = railhook(&["--help"], &[]);
+    assert!(text(&out.stdout).contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{}", text(&out.stdout));
+    let out = railhook(&["api"], &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317"), ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc") && text(&out.stderr).contains("http/protobuf"), "{}", text(&out.stderr));
+}
+
 #[tokio::test]
 async fn admin_commands_create_org_project_and_keys() {
     let db = TestDb::new().await;

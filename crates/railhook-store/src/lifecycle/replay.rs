@@ -52,7 +52,9 @@ dl AS (
     RETURNING id, endpoint_id
 ),
 ob AS (
-    SELECT railhook_announce('d', array_agg($2::uuid ORDER BY dl.id), array_agg(dl.id ORDER BY dl.id), array_agg(dl.endpoint_id ORDER BY dl.id), $7) AS n FROM dl
+    SELECT railhook_announce('d', array_agg($2::uuid ORDER BY dl.id), array_agg(dl.id ORDER BY dl.id), array_agg(dl.endpoint_id ORDER BY dl.id), $7,
+                             -- Not traced (issue 33): a Replay is a new Delivery of its own.
+                             NULL, '{}'::text[], '{}'::text[]) AS n FROM dl
 )
 SELECT count(*) FROM dl CROSS JOIN ob";
 
