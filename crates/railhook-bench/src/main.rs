@@ -13,6 +13,8 @@
 //! on a clean stack): live e2e latency to one Endpoint without and with a Replay of 100,000
 //! Events to another. `retention` (also on a clean stack): live e2e latency to one Endpoint in
 //! alternating windows without and with the retention job deleting a backlog of expired history.
+//! `kafka_source`: Events ingested from a Kafka topic by the Kafka source against `POST
+//! /v1/events`, same database, same run.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,13 +25,14 @@ mod e2e;
 mod http;
 mod ingest;
 mod ingress;
+mod kafka_source;
 mod load;
 mod procs;
 mod relay;
 mod stack;
 mod transports;
 
-const BENCHMARKS: [&str; 9] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "replay", "retention"];
+const BENCHMARKS: [&str; 10] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "replay", "retention", "kafka_source"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -154,6 +157,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("    the job's retention.batch_target_ms, pause_ms, max_busy_percent and max_rows_per_second (default: the configuration's)");
                 println!("  transports: one `railhook all` on the Kafka transport and one on the inline transport, alternating, 2 rounds each:");
                 println!("    the light rate (200/s, one Endpoint) and --transports-busy-rate (800/s over 50 Endpoints), --duration each; ratios inline/kafka");
+                println!("  kafka_source: POST /v1/events at saturation (as ingest) for --duration, then a `railhook worker` with the Kafka source catching up");
+                println!("    as many records from a topic (1 KiB, one Subscription); records/s of each and ratio.kafka_source_over_rest (target at least 1.5)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -182,6 +187,7 @@ async fn main() -> anyhow::Result<()> {
             "replay" => results.push(e2e::replay::run(&args).await?),
             "transports" => results.push(transports::run(&args).await?),
             "retention" => results.push(e2e::retention::run(&args).await?),
+            "kafka_source" => results.push(kafka_source::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),
             "ingress" => {

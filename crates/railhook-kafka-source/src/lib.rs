@@ -1,0 +1,215 @@
+//! The Kafka source (issue #33, docs/KAFKA_SOURCE.md): records of the topics in
+//! `kafka_source.topics` become Events, as if each had been POSTed to `/v1/events`.
+//!
+//! The contract, kept here and in [`batch`]:
+//! - **Same statement.** A record is ingested by `railhook_store::events::ingest`, the
+//!   statement of `POST /v1/events` (the Event, its Deliveries and their announcement in one
+//!   transaction); a batch of records is one transaction ([`railhook_store::events::ingest_batch`]).
+//! - **Offsets after the commit.** A batch's offsets are committed only after its transaction
+//!   committed and its dead-letter copies were acknowledged. A crash before that reads the
+//!   records again.
+//! - **Once.** A record read twice (that crash, a rebalance) is one Event: its idempotency key
+//!   (the record's own, or its topic-partition-offset) is unique per Project.
+//! - **Never stuck, never dropped.** A record that cannot be an Event goes to the dead-letter
+//!   topic with its reason (`dead_letter`), counted by `railhook_kafka_source_dead_letters_total`,
+//!   and its partition moves on. Postgres or Kafka being unreachable is not the record's
+//!   fault: the batch waits and is made again, nothing is dead-lettered for it.
+//!
+//! Runs in every worker process (`railhook worker`, `railhook all`) with `kafka_source.topics`
+//! set; the consumer group (`kafka_source.group_id`) spreads the partitions over them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::Message;
+use railhook_config::Config;
+use tokio_util::sync::CancellationToken;
+
+pub mod batch;
+pub mod dead_letter;
+pub mod error;
+pub mod metrics;
+pub mod record;
+
+pub use error::{ErrorKind, SourceError};
+pub use metrics::SourceMetrics;
+
+use batch::{Batch, Outcome};
+use record::{Mapping, Record};
+
+/// How long the source waits at start for a broker to answer before it stops with an error
+/// naming the setting.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
+/// Bounds of the wait between two tries of a batch that failed for want of Postgres or Kafka.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Consumes `kafka_source.topics` until `shutdown`. Returns `Err` at start for a setting that
+/// cannot work (naming it); once running, outages are waited out, never an error.
+///
+/// Shutdown: the batch in hand is finished (or, while Postgres or Kafka is away, given up
+/// uncommitted: it is read again), then the offsets of what was done are committed
+/// synchronously.
+pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: CancellationToken) -> Result<(), SourceError> {
+    let source = &config.kafka_source;
+    let mapping = Mapping::from_config(source).map_err(SourceError::misconfigured)?;
+    let kafka = config.kafka_source_kafka();
+    let brokers_key = if source.brokers.trim().is_empty() { "kafka.brokers" } else { "kafka_source.brokers" };
+    let topics = config.kafka_source_topics();
+    let dead_letter_topic = config.kafka_source_dead_letter_topic();
+
+    let started = tokio::time::Instant::now();
+    loop {
+        match railhook_kafka::ensure_topics(&kafka, std::slice::from_ref(&dead_letter_topic)).await {
+            Ok(()) => break,
+            Err(e) if started.elapsed() >= STARTUP_WAIT => {
+                return Err(SourceError::misconfigured(format!(
+                    "kafka_source: cannot create the dead-letter topic {dead_letter_topic} at {brokers_key} = {} within {} s ({}). Start Kafka or fix {brokers_key}",
+                    kafka.brokers,
+                    STARTUP_WAIT.as_secs(),
+                    error::chain(&e)
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, brokers = %kafka.brokers, "kafka_source: Kafka not ready, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+    if let Ok((_, layouts)) = railhook_kafka::topic_layouts(&kafka, &topics, Duration::from_secs(5)).await {
+        for missing in layouts.iter().filter(|l| !l.exists) {
+            tracing::warn!(topic = %missing.topic, "kafka_source: the topic does not exist (yet); its records are read once it does");
+        }
+    }
+
+    let producer = railhook_kafka::idempotent_producer(&kafka, 10_000).map_err(|e| SourceError::misconfigured(format!("kafka_source: cannot create the dead-letter producer: {e}")))?;
+    let dead_letters = dead_letter::DeadLetters::new(producer, dead_letter_topic);
+    let consumer: StreamConsumer = railhook_kafka::consumer_config(&kafka, &source.group_id)
+        // Offsets are committed by `commit` below, after the batch's transaction; never by
+        // the client on its own.
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("topic.metadata.refresh.interval.ms", "10000")
+        .create()
+        .map_err(|e| SourceError::misconfigured(format!("kafka_source: cannot create the consumer: {e}")))?;
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&names).map_err(|e| SourceError::misconfigured(format!("kafka_source: cannot subscribe to {topics:?}: {e}")))?;
+    let pool = railhook_store::build_pool_as(&config.database, railhook_store::application::KAFKA_SOURCE)
+        .map_err(|e| SourceError::misconfigured(format!("kafka_source: database.url: {e}")))?;
+    tracing::info!(topics = ?topics, group = %source.group_id, "kafka_source: consuming");
+
+    let wait = Duration::from_millis(source.batch_max_wait_ms);
+    let mut done: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    'batches: loop {
+        let first = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = consumer.recv() => m,
+        };
+        let first = match first {
+            Ok(m) => m.detach(),
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka_source: consumer error");
+                tokio::time::sleep(RETRY_FIRST).await;
+                continue;
+            }
+        };
+        let mut messages = vec![first];
+        let deadline = tokio::time::Instant::now() + wait;
+        while messages.len() < source.batch_max_records {
+            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Ok(Ok(m)) => messages.push(m.detach()),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "kafka_source: consumer error");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+
+        let batch = view(&messages);
+        let mut backoff = RETRY_FIRST;
+        let outcomes = loop {
+            match batch.ingest(&mapping, &pool, &dead_letters, &metrics).await {
+                Ok(outcomes) => break outcomes,
+                Err(e) => {
+                    metrics.batch_retries.inc();
+                    tracing::warn!(error = %error::chain(&e), records = messages.len(), retry_in = ?backoff, "kafka_source: batch not ingested; making it again");
+                    tokio::select! {
+                        // Given up uncommitted: the records are read again after a restart.
+                        _ = shutdown.cancelled() => break 'batches,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        };
+        count(&metrics, &outcomes);
+        // The batch's partitions, each at the offset after its last record in the batch.
+        let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+        for m in &messages {
+            let n = next.entry((m.topic(), m.partition())).or_insert(0);
+            *n = (*n).max(m.offset() + 1);
+        }
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for ((topic, partition), offset) in next {
+            done.insert((topic.to_string(), partition), offset);
+            if tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).is_err() {
+                tracing::debug!(topic, partition, "kafka_source: cannot add an offset to commit");
+            }
+        }
+        // Async: the next batch need not wait for the broker. A commit lost in a rebalance
+        // or a crash only means its records are read again, and their keys absorb it.
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+            tracing::debug!(error = %e, "kafka_source: offset commit not sent (rebalance?)");
+        }
+        // Partitions this consumer lost are no longer ours to commit.
+        if let Ok(assigned) = consumer.assignment() {
+            done.retain(|(topic, partition), _| assigned.find_partition(topic, *partition).is_some());
+        }
+    }
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for ((topic, partition), next) in &done {
+        let _ = tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*next));
+    }
+    if tpl.count() > 0 {
+        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+            tracing::warn!(error = %e, "kafka_source: final offset commit failed (the last records will be read again)");
+        }
+    }
+    Ok(())
+}
+
+/// The batch's records as the mapping reads them, borrowed from the messages.
+fn view(messages: &[OwnedMessage]) -> Batch<'_> {
+    let records = messages
+        .iter()
+        .map(|m| Record {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            value: m.payload(),
+            headers: m.headers().map(|h| h.iter().map(|h| (h.key, h.value)).collect()).unwrap_or_default(),
+        })
+        .collect();
+    Batch { records, keys: messages.iter().map(|m| m.key()).collect() }
+}
+
+fn count(metrics: &SourceMetrics, outcomes: &[Outcome]) {
+    for o in outcomes {
+        match o {
+            Outcome::Created => metrics.records.with_label_values(&["created"]).inc(),
+            Outcome::Replayed => metrics.records.with_label_values(&["replayed"]).inc(),
+            Outcome::DeadLetter(refusal) => {
+                metrics.records.with_label_values(&["dead_letter"]).inc();
+                metrics.dead_letters.with_label_values(&[refusal.reason.as_str()]).inc();
+            }
+        }
+    }
+}
