@@ -47,6 +47,15 @@ pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// A test hook, not a setting (docs/CONFIGURATION.md "Test hooks"): this many milliseconds
+/// between a batch's transaction commit and its offset commit, so that a test's kill -9
+/// lands in that window and the records are read again by the next consumer. Read once.
+pub const COMMIT_DELAY_ENV: &str = "RAILHOOK_FAILPOINT_KAFKA_SOURCE_COMMIT_DELAY_MS";
+
+fn commit_delay() -> Duration {
+    Duration::from_millis(std::env::var(COMMIT_DELAY_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0))
+}
+
 /// Consumes `kafka_source.topics` until `shutdown`. Returns `Err` at start for a setting that
 /// cannot work (naming it); once running, outages are waited out, never an error.
 ///
@@ -106,6 +115,7 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
     tracing::info!(topics = ?topics, group = %source.group_id, "kafka_source: consuming");
 
     let wait = Duration::from_millis(source.batch_max_wait_ms);
+    let commit_delay = commit_delay();
     let mut done: BTreeMap<(String, i32), i64> = BTreeMap::new();
     'batches: loop {
         let first = tokio::select! {
@@ -151,6 +161,9 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
             }
         };
         count(&metrics, &outcomes);
+        if !commit_delay.is_zero() {
+            tokio::time::sleep(commit_delay).await;
+        }
         // The batch's partitions, each at the offset after its last record in the batch.
         let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         for m in &messages {

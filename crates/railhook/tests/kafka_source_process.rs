@@ -3,7 +3,9 @@
 //! Postgres and one Kafka. 10,000 records are produced to the source topic (half with their
 //! own idempotency key, half keyed by their position); once 3,000 Events exist the worker
 //! (its Attempts and its source consumer) is killed with -9 and a new worker starts. Every
-//! record becomes exactly one Event, and every Event's Delivery reaches the receiver.
+//! record becomes exactly one Event, and every Event's Delivery reaches the receiver. The
+//! first worker waits between each batch's transaction and its offset commit (a test hook),
+//! so the kill falls in that window and the new worker reads that batch again.
 
 mod common;
 
@@ -91,7 +93,13 @@ async fn ten_thousand_records_through_a_kill_9_make_each_event_once_and_every_de
     let api = format!("http://127.0.0.1:{api_port}");
     let mut api_child = spawn("api", vec![("RAILHOOK_API__LISTEN", format!("127.0.0.1:{api_port}"))], &config_file);
     let mut relay = spawn("relay", vec![("RAILHOOK_RELAY__OPS_LISTEN", format!("127.0.0.1:{relay_ops}"))], &config_file);
-    let mut worker = spawn("worker", vec![("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", worker_ops[0]))], &config_file);
+    // The first worker waits 500 ms between each batch's transaction and its offset commit
+    // (a test hook), so the kill lands between the two: its last batch is read again.
+    let mut worker = spawn(
+        "worker",
+        vec![("RAILHOOK_WORKER__OPS_LISTEN", format!("127.0.0.1:{}", worker_ops[0])), ("RAILHOOK_FAILPOINT_KAFKA_SOURCE_COMMIT_DELAY_MS", "500".to_string())],
+        &config_file,
+    );
 
     let http = reqwest::Client::new();
     eventually(Duration::from_secs(60), "the API to answer", || async { http.get(format!("{api}/healthz")).send().await.ok().filter(|r| r.status().is_success()).map(|_| ()) }).await;
@@ -156,6 +164,7 @@ async fn ten_thousand_records_through_a_kill_9_make_each_event_once_and_every_de
     })
     .await;
     assert_eq!(dead, 0.0, "no record was dead-lettered");
+    assert!(replayed > 0.0, "the batch committed in Postgres but not in Kafka at the kill was read again ({replayed} records) and absorbed");
     let arrivals = rx.arrivals.lock().unwrap().len();
     eprintln!(
         "{RECORDS} records produced in {produced:.1?}; kill -9 of the worker at {at_kill} Events ({delivered_at_kill} delivered); all ingested and delivered {all_done:.1?} after it; \
