@@ -389,6 +389,9 @@ pub struct KafkaSourceConfig {
     pub batch_max_records: usize,
     /// How long a batch waits for more records after its first, in milliseconds.
     pub batch_max_wait_ms: u64,
+    /// Transactions a batch is split into at most, run at once on as many connections (the
+    /// records of one partition always in one of them, in order).
+    pub connections: usize,
 }
 
 /// How a Kafka record carries its Event (`kafka_source.format`).
@@ -418,6 +421,7 @@ impl Default for KafkaSourceConfig {
             max_record_bytes: 1024 * 1024,
             batch_max_records: 500,
             batch_max_wait_ms: 5,
+            connections: 4,
         }
     }
 }

@@ -176,6 +176,12 @@ impl Config {
         if s.batch_max_wait_ms > 10_000 {
             problems.push(format!("kafka_source.batch_max_wait_ms is {}: it must be at most 10000 (5 is the default)", s.batch_max_wait_ms));
         }
+        if !(1..=64).contains(&s.connections) || s.connections > self.database.max_connections {
+            problems.push(format!(
+                "kafka_source.connections is {}: it must be from 1 to 64 and at most database.max_connections ({}); 4 is the default",
+                s.connections, self.database.max_connections
+            ));
+        }
         for key in s.properties.keys() {
             if ["enable.idempotence", "acks", "bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store"].contains(&key.as_str()) {
                 problems.push(format!("kafka_source.properties.{key} is set by Railhook itself and may not be overridden (remove it)"));

@@ -1,6 +1,7 @@
 //! One batch of records: mapped (`crate::record`), their Projects checked, the good ones
-//! ingested in ONE transaction with the statement of `POST /v1/events`
-//! (`railhook_store::events::ingest_batch`), the others produced to the dead-letter topic.
+//! ingested with the statement of `POST /v1/events` (`railhook_store::events::ingest_batch`:
+//! a transaction per group, the records of one partition always in one group, up to
+//! `kafka_source.connections` groups at once), the others produced to the dead-letter topic.
 //! [`Batch::ingest`] returns only when every record of the batch has its outcome stored
 //! (an Event committed, or a dead-letter copy acknowledged): the caller commits the offsets
 //! after that, and not before.
@@ -39,10 +40,10 @@ pub struct Batch<'a> {
 
 impl Batch<'_> {
     /// Ingests the batch (see the module doc); the outcome of each record, in order.
-    pub async fn ingest(&self, mapping: &Mapping, pool: &railhook_store::Pool, dead_letters: &DeadLetters, metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
+    pub async fn ingest(&self, mapping: &Mapping, pool: &railhook_store::Pool, connections: usize, dead_letters: &DeadLetters, metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
         let mapped: Vec<Result<Mapped, Refusal>> = self.records.iter().map(|r| mapping.map(r)).collect();
         let mut outcomes: Vec<Option<Outcome>> = mapped.iter().map(|m| m.as_ref().err().map(|r| Outcome::DeadLetter(r.clone()))).collect();
-        let mut client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
+        let client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
 
         let named: Vec<ProjectId> = mapped.iter().filter_map(|m| m.as_ref().ok().map(|m| m.project)).collect::<HashSet<_>>().into_iter().collect();
         let existing: HashSet<ProjectId> = if named.is_empty() {
@@ -60,31 +61,24 @@ impl Batch<'_> {
             }
         }
 
+        drop(client);
         if !good.is_empty() {
-            let news: Vec<_> = good.iter().map(|(_, m)| m.new_event()).collect();
-            let started = std::time::Instant::now();
-            match events::ingest_batch(&mut client, &news).await {
-                Ok(results) => {
-                    metrics.batch_seconds.observe(started.elapsed().as_secs_f64());
-                    metrics.batch_records.observe(news.len() as f64);
-                    for ((i, _), result) in good.iter().zip(results) {
-                        outcomes[*i] = Some(outcome_of(result));
-                    }
+            // Records of one partition stay in one group, in their order; the groups are
+            // ingested at once, each in its own transaction on its own connection.
+            let width = self.records.iter().map(|r| (r.topic, r.partition)).collect::<HashSet<_>>().len().clamp(1, connections.max(1));
+            let mut groups: Vec<Vec<(usize, &Mapped)>> = vec![Vec::new(); width];
+            for (i, m) in good {
+                let r = &self.records[i];
+                groups[partition_slot(r.topic, r.partition, width)].push((i, m));
+            }
+            groups.retain(|g| !g.is_empty());
+            let done = futures::future::try_join_all(groups.iter().map(|g| ingest_group(pool, g, metrics))).await?;
+            for (group, results) in groups.iter().zip(done) {
+                for ((i, _), outcome) in group.iter().zip(results) {
+                    outcomes[*i] = Some(outcome);
                 }
-                Err(e) if is_the_datas(&e) => {
-                    tracing::warn!(error = %e, records = news.len(), "Postgres refused a Kafka source batch; ingesting its records one by one");
-                    for ((i, _), new) in good.iter().zip(news) {
-                        outcomes[*i] = Some(match events::ingest_batch(&mut client, std::slice::from_ref(&new)).await {
-                            Ok(mut one) => outcome_of(one.pop().unwrap_or(IngestOutcome::Unauthenticated)),
-                            Err(e) if is_the_datas(&e) => Outcome::DeadLetter(refused_by_postgres(&e)),
-                            Err(e) => return Err(store_error("ingesting a Kafka record")(e)),
-                        });
-                    }
-                }
-                Err(e) => return Err(store_error("ingesting a batch of Kafka records")(e)),
             }
         }
-        drop(client);
 
         let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.unwrap_or(Outcome::DeadLetter(Refusal::new(Reason::Rejected, "no outcome")))).collect();
         let refused: Vec<(Record<'_>, Option<&[u8]>, Refusal)> = outcomes
@@ -102,6 +96,42 @@ impl Batch<'_> {
             }
         }
         Ok(outcomes)
+    }
+}
+
+/// Which of `width` groups a partition's records go to.
+fn partition_slot(topic: &str, partition: i32, width: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (topic, partition).hash(&mut h);
+    (h.finish() % width as u64) as usize
+}
+
+/// One group of a batch in one transaction on one connection; the data-error fallback (one
+/// record per transaction) when Postgres refuses it for a record's sake.
+async fn ingest_group(pool: &railhook_store::Pool, group: &[(usize, &Mapped)], metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
+    let mut client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
+    let news: Vec<_> = group.iter().map(|(_, m)| m.new_event()).collect();
+    let started = std::time::Instant::now();
+    match events::ingest_batch(&mut client, &news).await {
+        Ok(results) => {
+            metrics.batch_seconds.observe(started.elapsed().as_secs_f64());
+            metrics.batch_records.observe(news.len() as f64);
+            Ok(results.into_iter().map(outcome_of).collect())
+        }
+        Err(e) if is_the_datas(&e) => {
+            tracing::warn!(error = %e, records = news.len(), "Postgres refused a Kafka source batch; ingesting its records one by one");
+            let mut outcomes = Vec::with_capacity(news.len());
+            for new in news {
+                outcomes.push(match events::ingest_batch(&mut client, std::slice::from_ref(&new)).await {
+                    Ok(mut one) => outcome_of(one.pop().unwrap_or(IngestOutcome::Unauthenticated)),
+                    Err(e) if is_the_datas(&e) => Outcome::DeadLetter(refused_by_postgres(&e)),
+                    Err(e) => return Err(store_error("ingesting a Kafka record")(e)),
+                });
+            }
+            Ok(outcomes)
+        }
+        Err(e) => Err(store_error("ingesting a batch of Kafka records")(e)),
     }
 }
 

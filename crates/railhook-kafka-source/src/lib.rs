@@ -146,7 +146,7 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
         let batch = view(&messages);
         let mut backoff = RETRY_FIRST;
         let outcomes = loop {
-            match batch.ingest(&mapping, &pool, &dead_letters, &metrics).await {
+            match batch.ingest(&mapping, &pool, source.connections, &dead_letters, &metrics).await {
                 Ok(outcomes) => break outcomes,
                 Err(e) => {
                     metrics.batch_retries.inc();

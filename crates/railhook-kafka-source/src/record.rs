@@ -220,7 +220,7 @@ impl Mapping {
             };
             Refusal::new(Reason::BadType, format!("no event type ({where_})"))
         })?;
-        let parsed = EventType::parse(&event_type).map_err(|e| Refusal::new(Reason::BadType, format!("event type {event_type:?}: {e}")))?;
+        let parsed = EventType::parse(&event_type).map_err(|e| Refusal::new(Reason::BadType, format!("event type {:?}: {e}", truncate(&event_type))))?;
         if !payload.is_object() {
             return Err(Refusal::new(Reason::BadPayload, "the payload must be a JSON object"));
         }
