@@ -1,7 +1,7 @@
-//! One batch of records: mapped (`crate::record`), their Projects checked, the good ones
-//! ingested with the statement of `POST /v1/events` (`railhook_store::events::ingest_batch`:
-//! a transaction per group, the records of one partition always in one group, up to
-//! `kafka_source.connections` groups at once), the others produced to the dead-letter topic.
+//! One batch of records (of one lane, `crate::Lane`): mapped (`crate::record`), their
+//! Projects checked, the good ones ingested in ONE transaction with the statement of
+//! `POST /v1/events` (`railhook_store::events::ingest_batch`), the others produced to the
+//! dead-letter topic.
 //! [`Batch::ingest`] returns only when every record of the batch has its outcome stored
 //! (an Event committed, or a dead-letter copy acknowledged): the caller commits the offsets
 //! after that, and not before.
@@ -40,7 +40,7 @@ pub struct Batch<'a> {
 
 impl Batch<'_> {
     /// Ingests the batch (see the module doc); the outcome of each record, in order.
-    pub async fn ingest(&self, mapping: &Mapping, pool: &railhook_store::Pool, connections: usize, dead_letters: &DeadLetters, metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
+    pub async fn ingest(&self, mapping: &Mapping, pool: &railhook_store::Pool, dead_letters: &DeadLetters, metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
         let mapped: Vec<Result<Mapped, Refusal>> = self.records.iter().map(|r| mapping.map(r)).collect();
         let mut outcomes: Vec<Option<Outcome>> = mapped.iter().map(|m| m.as_ref().err().map(|r| Outcome::DeadLetter(r.clone()))).collect();
         let client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
@@ -63,20 +63,9 @@ impl Batch<'_> {
 
         drop(client);
         if !good.is_empty() {
-            // Records of one partition stay in one group, in their order; the groups are
-            // ingested at once, each in its own transaction on its own connection.
-            let width = self.records.iter().map(|r| (r.topic, r.partition)).collect::<HashSet<_>>().len().clamp(1, connections.max(1));
-            let mut groups: Vec<Vec<(usize, &Mapped)>> = vec![Vec::new(); width];
-            for (i, m) in good {
-                let r = &self.records[i];
-                groups[partition_slot(r.topic, r.partition, width)].push((i, m));
-            }
-            groups.retain(|g| !g.is_empty());
-            let done = futures::future::try_join_all(groups.iter().map(|g| ingest_group(pool, g, metrics))).await?;
-            for (group, results) in groups.iter().zip(done) {
-                for ((i, _), outcome) in group.iter().zip(results) {
-                    outcomes[*i] = Some(outcome);
-                }
+            let results = ingest_group(pool, &good, metrics).await?;
+            for ((i, _), outcome) in good.iter().zip(results) {
+                outcomes[*i] = Some(outcome);
             }
         }
 
@@ -99,16 +88,8 @@ impl Batch<'_> {
     }
 }
 
-/// Which of `width` groups a partition's records go to.
-fn partition_slot(topic: &str, partition: i32, width: usize) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (topic, partition).hash(&mut h);
-    (h.finish() % width as u64) as usize
-}
-
-/// One group of a batch in one transaction on one connection; the data-error fallback (one
-/// record per transaction) when Postgres refuses it for a record's sake.
+/// The batch's good records in one transaction on one connection; the data-error fallback
+/// (one record per transaction) when Postgres refuses it for a record's sake.
 async fn ingest_group(pool: &railhook_store::Pool, group: &[(usize, &Mapped)], metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
     let mut client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
     let news: Vec<_> = group.iter().map(|(_, m)| m.new_event()).collect();

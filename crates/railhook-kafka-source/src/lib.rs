@@ -16,7 +16,11 @@
 //!   fault: the batch waits and is made again, nothing is dead-lettered for it.
 //!
 //! Runs in every worker process (`railhook worker`, `railhook all`) with `kafka_source.topics`
-//! set; the consumer group (`kafka_source.group_id`) spreads the partitions over them.
+//! set; the consumer group (`kafka_source.group_id`) spreads the partitions over them. In a
+//! process, one consumer reads and hands each record to one of `kafka_source.connections`
+//! lanes by its partition (a partition always to the same lane, so its records keep their
+//! order); each lane ingests its batches one after the other on its own connection, the lanes
+//! at once, so Postgres works on several transactions in parallel.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,9 +63,9 @@ fn commit_delay() -> Duration {
 /// Consumes `kafka_source.topics` until `shutdown`. Returns `Err` at start for a setting that
 /// cannot work (naming it); once running, outages are waited out, never an error.
 ///
-/// Shutdown: the batch in hand is finished (or, while Postgres or Kafka is away, given up
-/// uncommitted: it is read again), then the offsets of what was done are committed
-/// synchronously.
+/// Shutdown: the consumer stops reading; each lane finishes the records it holds (or, while
+/// Postgres or Kafka is away, gives them up uncommitted: they are read again), then commits
+/// the offsets of what it did synchronously.
 pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: CancellationToken) -> Result<(), SourceError> {
     let source = &config.kafka_source;
     let mapping = Mapping::from_config(source).map_err(SourceError::misconfigured)?;
@@ -114,15 +118,34 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
         .map_err(|e| SourceError::misconfigured(format!("kafka_source: database.url: {e}")))?;
     tracing::info!(topics = ?topics, group = %source.group_id, "kafka_source: consuming");
 
-    let wait = Duration::from_millis(source.batch_max_wait_ms);
-    let commit_delay = commit_delay();
-    let mut done: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    'batches: loop {
-        let first = tokio::select! {
+    // The lanes: each partition always goes to the same one, so its records are ingested in
+    // their order; the lanes ingest at once, each on its own connection.
+    let consumer = Arc::new(consumer);
+    let lane = Arc::new(Lane {
+        consumer: consumer.clone(),
+        mapping,
+        pool,
+        dead_letters,
+        metrics,
+        batch_max_records: source.batch_max_records,
+        wait: Duration::from_millis(source.batch_max_wait_ms),
+        commit_delay: commit_delay(),
+    });
+    let width = source.connections.max(1);
+    let mut senders = Vec::with_capacity(width);
+    let mut lanes = tokio::task::JoinSet::new();
+    for _ in 0..width {
+        // Bounded: a lane that cannot keep up stops the consumer reading (backpressure).
+        let (tx, rx) = tokio::sync::mpsc::channel(source.batch_max_records);
+        senders.push(tx);
+        lanes.spawn(lane.clone().run(rx, shutdown.clone()));
+    }
+    loop {
+        let message = tokio::select! {
             _ = shutdown.cancelled() => break,
             m = consumer.recv() => m,
         };
-        let first = match first {
+        let message = match message {
             Ok(m) => m.detach(),
             Err(e) => {
                 tracing::warn!(error = %e, "kafka_source: consumer error");
@@ -130,73 +153,112 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
                 continue;
             }
         };
-        let mut messages = vec![first];
-        let deadline = tokio::time::Instant::now() + wait;
-        while messages.len() < source.batch_max_records {
-            match tokio::time::timeout_at(deadline, consumer.recv()).await {
-                Ok(Ok(m)) => messages.push(m.detach()),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "kafka_source: consumer error");
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-
-        let batch = view(&messages);
-        let mut backoff = RETRY_FIRST;
-        let outcomes = loop {
-            match batch.ingest(&mapping, &pool, source.connections, &dead_letters, &metrics).await {
-                Ok(outcomes) => break outcomes,
-                Err(e) => {
-                    metrics.batch_retries.inc();
-                    tracing::warn!(error = %error::chain(&e), records = messages.len(), retry_in = ?backoff, "kafka_source: batch not ingested; making it again");
-                    tokio::select! {
-                        // Given up uncommitted: the records are read again after a restart.
-                        _ = shutdown.cancelled() => break 'batches,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(RETRY_MAX);
-                }
-            }
+        let slot = partition_slot(message.topic(), message.partition(), width);
+        let sent = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            sent = senders[slot].send(message) => sent,
         };
-        count(&metrics, &outcomes);
-        if !commit_delay.is_zero() {
-            tokio::time::sleep(commit_delay).await;
+        if sent.is_err() {
+            // A lane ended: only at shutdown.
+            break;
         }
-        // The batch's partitions, each at the offset after its last record in the batch.
-        let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
-        for m in &messages {
-            let n = next.entry((m.topic(), m.partition())).or_insert(0);
-            *n = (*n).max(m.offset() + 1);
+    }
+    // The lanes finish what they hold (while Postgres and Kafka answer) and commit it.
+    drop(senders);
+    while lanes.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Which lane a partition's records go to.
+fn partition_slot(topic: &str, partition: i32, width: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (topic, partition).hash(&mut h);
+    (h.finish() % width as u64) as usize
+}
+
+/// What every lane shares.
+struct Lane {
+    /// For the offset commits (the consume loop reads it; commits are thread-safe).
+    consumer: Arc<StreamConsumer>,
+    mapping: Mapping,
+    pool: railhook_store::Pool,
+    dead_letters: dead_letter::DeadLetters,
+    metrics: SourceMetrics,
+    batch_max_records: usize,
+    wait: Duration,
+    commit_delay: Duration,
+}
+
+impl Lane {
+    /// Batches of this lane's records, one at a time: ingested, counted, then their offsets
+    /// committed. Ends when the consume loop drops its sender (shutdown), after the records
+    /// still queued; a batch that Postgres or Kafka keeps failing is given up at shutdown,
+    /// uncommitted (read again after the restart).
+    async fn run(self: Arc<Self>, mut rx: tokio::sync::mpsc::Receiver<OwnedMessage>, shutdown: CancellationToken) {
+        let mut done: BTreeMap<(String, i32), i64> = BTreeMap::new();
+        'batches: while let Some(first) = rx.recv().await {
+            let mut messages = vec![first];
+            let deadline = tokio::time::Instant::now() + self.wait;
+            while messages.len() < self.batch_max_records {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(m)) => messages.push(m),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            let batch = view(&messages);
+            let mut backoff = RETRY_FIRST;
+            let outcomes = loop {
+                match batch.ingest(&self.mapping, &self.pool, &self.dead_letters, &self.metrics).await {
+                    Ok(outcomes) => break outcomes,
+                    Err(e) => {
+                        self.metrics.batch_retries.inc();
+                        tracing::warn!(error = %error::chain(&e), records = messages.len(), retry_in = ?backoff, "kafka_source: batch not ingested; making it again");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => break 'batches,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(RETRY_MAX);
+                    }
+                }
+            };
+            count(&self.metrics, &outcomes);
+            if !self.commit_delay.is_zero() {
+                tokio::time::sleep(self.commit_delay).await;
+            }
+            // The batch's partitions, each at the offset after its last record in the batch.
+            let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+            for m in &messages {
+                let n = next.entry((m.topic(), m.partition())).or_insert(0);
+                *n = (*n).max(m.offset() + 1);
+            }
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for ((topic, partition), offset) in next {
+                done.insert((topic.to_string(), partition), offset);
+                if tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).is_err() {
+                    tracing::debug!(topic, partition, "kafka_source: cannot add an offset to commit");
+                }
+            }
+            // Async: the next batch need not wait for the broker. A commit lost in a rebalance
+            // or a crash only means its records are read again, and their keys absorb it.
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                tracing::debug!(error = %e, "kafka_source: offset commit not sent (rebalance?)");
+            }
+            // Partitions this consumer lost are no longer ours to commit.
+            if let Ok(assigned) = self.consumer.assignment() {
+                done.retain(|(topic, partition), _| assigned.find_partition(topic, *partition).is_some());
+            }
         }
         let mut tpl = rdkafka::TopicPartitionList::new();
-        for ((topic, partition), offset) in next {
-            done.insert((topic.to_string(), partition), offset);
-            if tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset)).is_err() {
-                tracing::debug!(topic, partition, "kafka_source: cannot add an offset to commit");
+        for ((topic, partition), next) in &done {
+            let _ = tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*next));
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(error = %e, "kafka_source: final offset commit failed (the last records will be read again)");
             }
         }
-        // Async: the next batch need not wait for the broker. A commit lost in a rebalance
-        // or a crash only means its records are read again, and their keys absorb it.
-        if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-            tracing::debug!(error = %e, "kafka_source: offset commit not sent (rebalance?)");
-        }
-        // Partitions this consumer lost are no longer ours to commit.
-        if let Ok(assigned) = consumer.assignment() {
-            done.retain(|(topic, partition), _| assigned.find_partition(topic, *partition).is_some());
-        }
     }
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for ((topic, partition), next) in &done {
-        let _ = tpl.add_partition_offset(topic, *partition, rdkafka::Offset::Offset(*next));
-    }
-    if tpl.count() > 0 {
-        if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
-            tracing::warn!(error = %e, "kafka_source: final offset commit failed (the last records will be read again)");
-        }
-    }
-    Ok(())
 }
 
 /// The batch's records as the mapping reads them, borrowed from the messages.
