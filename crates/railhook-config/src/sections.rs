@@ -421,7 +421,7 @@ impl Default for KafkaSourceConfig {
             max_record_bytes: 1024 * 1024,
             batch_max_records: 500,
             batch_max_wait_ms: 5,
-            connections: 4,
+            connections: 8,
         }
     }
 }

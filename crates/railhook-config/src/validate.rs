@@ -178,7 +178,7 @@ impl Config {
         }
         if !(1..=64).contains(&s.connections) || s.connections > self.database.max_connections {
             problems.push(format!(
-                "kafka_source.connections is {}: it must be from 1 to 64 and at most database.max_connections ({}); 4 is the default",
+                "kafka_source.connections is {}: it must be from 1 to 64 and at most database.max_connections ({}); 8 is the default",
                 s.connections, self.database.max_connections
             ));
         }

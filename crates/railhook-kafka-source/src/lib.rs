@@ -50,6 +50,8 @@ pub const STARTUP_WAIT: Duration = Duration::from_secs(30);
 /// Bounds of the wait between two tries of a batch that failed for want of Postgres or Kafka.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Each lane's queue holds this many batches of records at most.
+const LANE_QUEUE_BATCHES: usize = 8;
 
 /// A test hook, not a setting (docs/CONFIGURATION.md "Test hooks"): this many milliseconds
 /// between a batch's transaction commit and its offset commit, so that a test's kill -9
@@ -135,8 +137,12 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
     let mut senders = Vec::with_capacity(width);
     let mut lanes = tokio::task::JoinSet::new();
     for _ in 0..width {
-        // Bounded: a lane that cannot keep up stops the consumer reading (backpressure).
-        let (tx, rx) = tokio::sync::mpsc::channel(source.batch_max_records);
+        // Bounded: a lane that cannot keep up stops the consumer reading (backpressure). Room
+        // for LANE_QUEUE_BATCHES batches: librdkafka hands out a fetch partition by partition
+        // (up to `max.partition.fetch.bytes` each), so with room for one batch only, the lane
+        // of the partition at the head would hold the others' records back and the lanes
+        // would take turns instead of working at once (measured: no faster than one lane).
+        let (tx, rx) = tokio::sync::mpsc::channel(source.batch_max_records * LANE_QUEUE_BATCHES);
         senders.push(tx);
         lanes.spawn(lane.clone().run(rx, shutdown.clone()));
     }
@@ -169,12 +175,14 @@ pub async fn run(config: Arc<Config>, metrics: SourceMetrics, shutdown: Cancella
     Ok(())
 }
 
-/// Which lane a partition's records go to.
+/// Which lane a partition's records go to: a topic's partitions in turn from a place its
+/// name picks, so they spread evenly over the lanes (a hash of the partition too would leave
+/// some lanes with two partitions and others idle).
 fn partition_slot(topic: &str, partition: i32, width: usize) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (topic, partition).hash(&mut h);
-    (h.finish() % width as u64) as usize
+    topic.hash(&mut h);
+    ((h.finish() % width as u64) as usize + partition.unsigned_abs() as usize) % width
 }
 
 /// What every lane shares.
