@@ -11,7 +11,6 @@ use railhook_telemetry::traces;
 use tracing::Instrument as _;
 use railhook_store::events::{self, Caller, EventFilter, IngestOutcome, NewEvent};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{invalid_key, parse_id, ApiJson, ApiKey, Project};
@@ -20,7 +19,7 @@ use crate::AppState;
 #[allow(unused_imports)] // The shared error responses of the OpenAPI attributes below.
 use crate::error::responses::*;
 
-pub const IDEMPOTENCY_KEY_MAX: usize = 255;
+pub use railhook_store::events::IDEMPOTENCY_KEY_MAX;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -58,20 +57,10 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
         .with_field("idempotency-key")
     };
     let text = value.to_str().map_err(|_| bad())?;
-    if text.is_empty() || text.len() > IDEMPOTENCY_KEY_MAX || !text.bytes().all(|b| b.is_ascii_graphic()) {
+    if !events::valid_idempotency_key(text) {
         return Err(bad());
     }
     Ok(Some(text))
-}
-
-/// SHA-256 over the type and the payload's canonical JSON (serde_json sorts object keys), so
-/// a replay with reordered keys or other whitespace is still the same request.
-fn request_hash(event_type: &str, payload: &serde_json::Value) -> Vec<u8> {
-    let mut h = Sha256::new();
-    h.update(event_type.as_bytes());
-    h.update([0u8]);
-    h.update(serde_json::to_vec(payload).unwrap_or_default());
-    h.finalize().to_vec()
 }
 
 /// Ingest an Event: one transaction writes the Event, a Delivery per matching enabled
@@ -149,7 +138,7 @@ impl Valid<'_> {
             event_type: &self.body.event_type,
             payload: &self.body.payload,
             idempotency_key: self.idempotency_key,
-            request_sha256: request_hash(&self.body.event_type, &self.body.payload),
+            request_sha256: events::request_sha256(&self.body.event_type, &self.body.payload),
             candidate_patterns: self.candidate_patterns.clone(),
             trace,
         }

@@ -15,6 +15,8 @@
 //! alternating windows without and with the retention job deleting a backlog of expired history.
 //! `tracing` (issue 33): one `railhook all` with OpenTelemetry export off and on, alternating,
 //! the light rate's latency each (traces.rs).
+//! `kafka_source`: Events ingested from a Kafka topic by the Kafka source against `POST
+//! /v1/events`, same database, same run.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,6 +27,7 @@ mod e2e;
 mod http;
 mod ingest;
 mod ingress;
+mod kafka_source;
 mod load;
 mod procs;
 mod relay;
@@ -32,7 +35,7 @@ mod stack;
 mod traces;
 mod transports;
 
-const BENCHMARKS: [&str; 10] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "tracing", "replay", "retention"];
+const BENCHMARKS: [&str; 11] = ["relay_latency", "relay_throughput", "ingest", "ingress", "e2e", "memory", "transports", "tracing", "replay", "retention", "kafka_source"];
 
 /// Every name the command line takes: the benchmarks and e2e's clean-database phases.
 fn known(name: &str) -> bool {
@@ -163,6 +166,8 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("    the light rate (200/s, one Endpoint) and --transports-busy-rate (800/s over 50 Endpoints), --duration each; ratios inline/kafka");
                 println!("  tracing: one `railhook all` (Kafka) with OpenTelemetry export off and on (every Event traced, to an OTLP sink in-process),");
                 println!("    alternating, --tracing-rounds (2) rounds: the light rate (200/s, one Endpoint) for --duration; ratio on/off of the light p99 (target <= 1.1)");
+                println!("  kafka_source: POST /v1/events at saturation (as ingest) for --duration, then a `railhook worker` with the Kafka source catching up");
+                println!("    as many records from a topic (1 KiB, one Subscription); records/s of each and ratio.kafka_source_over_rest (target at least 1.5)");
                 println!("  --bin: the railhook binary (default: next to railhook-bench, or RAILHOOK_BIN)");
                 std::process::exit(0);
             }
@@ -192,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
             "transports" => results.push(transports::run(&args).await?),
             "tracing" => results.push(traces::run(&args).await?),
             "retention" => results.push(e2e::retention::run(&args).await?),
+            "kafka_source" => results.push(kafka_source::run(&args).await?),
             // ingress reports the ingest's rate of this invocation: it runs ingest when needed.
             "ingest" if !ran(&results, "ingest") => results.push(ingest::ingest(&args).await?),
             "ingress" => {

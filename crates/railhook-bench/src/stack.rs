@@ -133,7 +133,7 @@ async fn fresh() -> anyhow::Result<(TestDb, Config)> {
     Ok((db, config))
 }
 
-fn log_dir(name: &str) -> PathBuf {
+pub fn log_dir(name: &str) -> PathBuf {
     let base = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("target"));
     base.join("bench").join(name)
 }

@@ -13,7 +13,7 @@ impl Config {
         if !copy.api.admin_token.is_empty() {
             copy.api.admin_token = REDACTED.into();
         }
-        for (key, value) in copy.kafka.properties.iter_mut() {
+        for (key, value) in copy.kafka.properties.iter_mut().chain(copy.kafka_source.properties.iter_mut()) {
             if is_secret_property(key) {
                 *value = REDACTED.into();
             }

@@ -25,6 +25,7 @@ pub struct Config {
     pub replay: ReplayConfig,
     pub retention: RetentionConfig,
     pub ui: UiConfig,
+    pub kafka_source: KafkaSourceConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -349,6 +350,83 @@ impl Default for RetentionConfig {
     }
 }
 
+/// Events from Kafka (docs/KAFKA_SOURCE.md): every worker process (`railhook worker`,
+/// `railhook all`) with `topics` set runs a consumer in `group_id` that ingests each record
+/// as an Event with the statement of `POST /v1/events`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaSourceConfig {
+    /// Topics whose records become Events, `kafka.topic_prefix` prepended. Empty (the
+    /// default) turns the Kafka source off.
+    pub topics: Vec<String>,
+    /// The consumer group the source's consumers share (one per worker process); its
+    /// committed offsets say which records were ingested.
+    pub group_id: String,
+    /// `bootstrap.servers` of the cluster that holds `topics`; empty: `kafka.brokers`.
+    pub brokers: String,
+    /// Any librdkafka property for the source's consumer and dead-letter producer, applied
+    /// after `kafka.properties` (e.g. other SASL credentials for another cluster).
+    pub properties: BTreeMap<String, String>,
+    /// How a record carries its Event: `envelope` (the value is
+    /// `{"type", "payload", "project"?, "idempotency_key"?}`) or `headers` (the value is the
+    /// payload; the type, project and key are headers).
+    pub format: RecordFormat,
+    /// The Project every record belongs to (`proj_...`). Empty: each record names its
+    /// Project (`project_header` or the envelope's `project`).
+    pub project: String,
+    /// Header naming the record's Project when `project` is empty.
+    pub project_header: String,
+    /// Header naming the event type (`format = "headers"`).
+    pub type_header: String,
+    /// Header carrying the idempotency key; without one (and without an envelope
+    /// `idempotency_key`), the record's topic-partition-offset is its key.
+    pub idempotency_key_header: String,
+    /// Where records that cannot become an Event go, with the reason in headers;
+    /// `kafka.topic_prefix` prepended. Created when missing.
+    pub dead_letter_topic: String,
+    /// A record value larger than this goes to the dead-letter topic (`too_large`).
+    pub max_record_bytes: usize,
+    /// Records ingested per transaction at most.
+    pub batch_max_records: usize,
+    /// How long a batch waits for more records after its first, in milliseconds.
+    pub batch_max_wait_ms: u64,
+    /// Transactions a batch is split into at most, run at once on as many connections (the
+    /// records of one partition always in one of them, in order).
+    pub connections: usize,
+}
+
+/// How a Kafka record carries its Event (`kafka_source.format`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordFormat {
+    /// The value is a JSON envelope: `{"type": ..., "payload": {...}, "project": ...,
+    /// "idempotency_key": ...}`.
+    Envelope,
+    /// The value is the payload; the type, the Project and the key are headers.
+    Headers,
+}
+
+impl Default for KafkaSourceConfig {
+    fn default() -> Self {
+        KafkaSourceConfig {
+            topics: Vec::new(),
+            group_id: "railhook-kafka-source".into(),
+            brokers: String::new(),
+            properties: BTreeMap::new(),
+            format: RecordFormat::Envelope,
+            project: String::new(),
+            project_header: "railhook-project".into(),
+            type_header: "railhook-type".into(),
+            idempotency_key_header: "railhook-idempotency-key".into(),
+            dead_letter_topic: "railhook.kafka-source.dead-letter".into(),
+            max_record_bytes: 1024 * 1024,
+            batch_max_records: 500,
+            batch_max_wait_ms: 5,
+            connections: 8,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -397,6 +475,7 @@ impl Default for Config {
             replay: ReplayConfig::default(),
             retention: RetentionConfig::default(),
             ui: UiConfig::default(),
+            kafka_source: KafkaSourceConfig::default(),
         }
     }
 }
@@ -535,6 +614,32 @@ impl Config {
     /// Full topic name of the deliveries topic, prefix included.
     pub fn deliveries_topic(&self) -> String {
         format!("{}{}", self.kafka.topic_prefix, self.kafka.deliveries_topic)
+    }
+
+    /// Whether this process runs the Kafka source's consumer (`kafka_source.topics` set).
+    pub fn kafka_source_enabled(&self) -> bool {
+        !self.kafka_source.topics.is_empty()
+    }
+
+    /// The Kafka source's topics, prefix included.
+    pub fn kafka_source_topics(&self) -> Vec<String> {
+        self.kafka_source.topics.iter().map(|t| format!("{}{t}", self.kafka.topic_prefix)).collect()
+    }
+
+    /// The Kafka source's dead-letter topic, prefix included.
+    pub fn kafka_source_dead_letter_topic(&self) -> String {
+        format!("{}{}", self.kafka.topic_prefix, self.kafka_source.dead_letter_topic)
+    }
+
+    /// The client settings of the Kafka source: `kafka`'s, with `kafka_source.brokers` when
+    /// set and `kafka_source.properties` after `kafka.properties`.
+    pub fn kafka_source_kafka(&self) -> KafkaConfig {
+        let mut kafka = self.kafka.clone();
+        if !self.kafka_source.brokers.trim().is_empty() {
+            kafka.brokers = self.kafka_source.brokers.clone();
+        }
+        kafka.properties.extend(self.kafka_source.properties.iter().map(|(k, v)| (k.clone(), v.clone())));
+        kafka
     }
 
     /// Full topic name of the forwards topic, prefix included.

@@ -123,6 +123,7 @@ impl Config {
         if !t.is_empty() && (!(t.starts_with("http://") || t.starts_with("https://")) || !t.contains("{trace_id}") || t.contains([' ', '"', '<', '>'])) {
             problems.push(format!("ui.trace_url_template '{t}' must be an http(s) URL with {{trace_id}} in it, e.g. http://jaeger:16686/trace/{{trace_id}} (or empty)"));
         }
+        problems.extend(self.kafka_source_problems());
         for cidr in &self.network.allow_cidrs {
             if !valid_cidr(cidr) {
                 problems.push(format!("network.allow_cidrs entry '{cidr}' is not a CIDR such as 127.0.0.0/8 or ::1/128"));
@@ -133,6 +134,64 @@ impl Config {
         } else {
             Err(ConfigError::Invalid(problems))
         }
+    }
+}
+
+impl Config {
+    /// What [`Config::validate`] reports about the `kafka_source.*` keys (only when the
+    /// source is on: its defaults must not trouble a process without it).
+    fn kafka_source_problems(&self) -> Vec<String> {
+        let s = &self.kafka_source;
+        let mut problems = Vec::new();
+        if s.topics.is_empty() {
+            return problems;
+        }
+        if s.brokers.trim().is_empty() && self.kafka.brokers.trim().is_empty() {
+            problems.push("kafka_source.topics is set but neither kafka_source.brokers nor kafka.brokers names a broker: set kafka_source.brokers to host:port[,host:port] (RAILHOOK_KAFKA_SOURCE__BROKERS)".into());
+        }
+        for topic in self.kafka_source_topics().iter().chain(std::iter::once(&self.kafka_source_dead_letter_topic())) {
+            if !valid_topic(topic) {
+                problems.push(format!("kafka_source topic '{topic}' is not a valid Kafka topic name (letters, digits, '.', '_', '-', at most 249 characters)"));
+            }
+        }
+        if self.kafka_source_topics().contains(&self.kafka_source_dead_letter_topic()) {
+            problems.push("kafka_source.dead_letter_topic is one of kafka_source.topics: a refused record would come back for ever; name another topic".into());
+        }
+        if s.group_id.trim().is_empty() {
+            problems.push("kafka_source.group_id must not be empty (the consumer group that holds the source's offsets)".into());
+        }
+        if s.group_id == self.worker.group_id {
+            problems.push(format!("kafka_source.group_id is '{}', the same as worker.group_id: the two consumers need their own groups", s.group_id));
+        }
+        if !s.project.is_empty() && !looks_like_project_id(&s.project) {
+            problems.push(format!("kafka_source.project '{}' is not a project id (proj_ followed by 26 characters), or leave it empty so each record names its Project", s.project));
+        }
+        for (key, name) in [("project_header", &s.project_header), ("type_header", &s.type_header), ("idempotency_key_header", &s.idempotency_key_header)] {
+            if name.trim().is_empty() {
+                problems.push(format!("kafka_source.{key} must not be empty"));
+            }
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&s.max_record_bytes) {
+            problems.push(format!("kafka_source.max_record_bytes is {}: it must be between 1024 and 67108864 (1048576 is the default)", s.max_record_bytes));
+        }
+        if !(1..=10_000).contains(&s.batch_max_records) {
+            problems.push(format!("kafka_source.batch_max_records is {}: it must be from 1 to 10000 (500 is the default)", s.batch_max_records));
+        }
+        if s.batch_max_wait_ms > 10_000 {
+            problems.push(format!("kafka_source.batch_max_wait_ms is {}: it must be at most 10000 (5 is the default)", s.batch_max_wait_ms));
+        }
+        if !(1..=64).contains(&s.connections) || s.connections > self.database.max_connections {
+            problems.push(format!(
+                "kafka_source.connections is {}: it must be from 1 to 64 and at most database.max_connections ({}); 8 is the default",
+                s.connections, self.database.max_connections
+            ));
+        }
+        for key in s.properties.keys() {
+            if ["enable.idempotence", "acks", "bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store"].contains(&key.as_str()) {
+                problems.push(format!("kafka_source.properties.{key} is set by Railhook itself and may not be overridden (remove it)"));
+            }
+        }
+        problems
     }
 }
 
@@ -162,6 +221,12 @@ fn valid_topic(name: &str) -> bool {
         && name != "."
         && name != ".."
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// `proj_` and 26 base32 characters (the text form of a `railhook_core::ProjectId`; this crate
+/// does not depend on the core, the worker parses it again).
+fn looks_like_project_id(text: &str) -> bool {
+    text.strip_prefix("proj_").is_some_and(|rest| rest.len() == 26 && rest.bytes().all(|b| b.is_ascii_alphanumeric()))
 }
 
 fn valid_identifier(name: &str) -> bool {
@@ -265,5 +330,43 @@ mod tests {
         let ok = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_UI__TRACE_URL_TEMPLATE", "http://jaeger:16686/trace/{trace_id}")]), &Overrides::default()).unwrap();
         assert_eq!(ok.ui.trace_url("abc").as_deref(), Some("http://jaeger:16686/trace/abc"));
         assert_eq!(Config::default().ui.trace_url("abc"), None, "off by default");
+    }
+
+    #[test]
+    fn kafka_source_keys_are_validated_only_when_it_is_on() {
+        let off = Config::load_from(FileSource::Default, &env(&[("RAILHOOK_KAFKA_SOURCE__PROJECT", "nope")]), &Overrides::default());
+        assert!(off.is_ok(), "the source is off: its keys are not checked");
+        let err = Config::load_from(
+            FileSource::Default,
+            &env(&[
+                ("RAILHOOK_KAFKA_SOURCE__TOPICS", r#"["orders", "bad topic"]"#),
+                ("RAILHOOK_KAFKA_SOURCE__PROJECT", "prj_1"),
+                ("RAILHOOK_KAFKA_SOURCE__GROUP_ID", "railhook-worker"),
+                ("RAILHOOK_KAFKA_SOURCE__BATCH_MAX_RECORDS", "0"),
+                ("RAILHOOK_KAFKA_SOURCE__DEAD_LETTER_TOPIC", "orders"),
+            ]),
+            &Overrides::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        for key in [
+            "neither kafka_source.brokers nor kafka.brokers",
+            "kafka_source topic 'bad topic'",
+            "kafka_source.project 'prj_1'",
+            "the same as worker.group_id",
+            "kafka_source.batch_max_records is 0",
+            "kafka_source.dead_letter_topic is one of kafka_source.topics",
+        ] {
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        let ok = Config::load_from(
+            FileSource::Default,
+            &env(&[("RAILHOOK_KAFKA_SOURCE__TOPICS", r#"["orders"]"#), ("RAILHOOK_KAFKA_SOURCE__BROKERS", "127.0.0.1:19092"), ("RAILHOOK_KAFKA_SOURCE__FORMAT", "headers")]),
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert!(ok.kafka_source_enabled());
+        assert_eq!(ok.kafka_source_kafka().brokers, "127.0.0.1:19092");
+        assert_eq!(ok.kafka_source.format, crate::RecordFormat::Headers);
     }
 }

@@ -32,5 +32,7 @@ pub mod application {
     pub const API_PACING: &str = "railhook-api-pacing";
     pub const RELAY: &str = "railhook-relay";
     pub const WORKER: &str = "railhook-worker";
+    /// The Kafka source's ingest connections (`railhook-kafka-source`).
+    pub const KAFKA_SOURCE: &str = "railhook-kafka-source";
     pub const CLI: &str = "railhook-cli";
 }

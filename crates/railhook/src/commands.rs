@@ -223,13 +223,38 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding worker.ops_listen {listen}"))?;
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
+    let source = kafka_source(&config, &metrics, &shutdown)?;
     let ops = railhook_telemetry::ops_router(Ops::new(metrics, relay_checks(&config)));
     let server = tokio::spawn(railhook_telemetry::serve(listener, ops, shutdown.clone()));
     let result = railhook_worker::run(config, worker_metrics, shutdown.clone()).await;
     shutdown.cancel();
+    let source = match source {
+        Some(task) => task.await.map_err(anyhow::Error::from).and_then(|r| r),
+        None => Ok(()),
+    };
     server.await??;
     result?;
+    source?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Kafka source (`kafka_source.topics` set), beside the worker of this process: its
+/// metrics on the process's registry, and a stop of its own (a setting that cannot work)
+/// stops the process, as a component of `railhook all` does.
+fn kafka_source(config: &Arc<Config>, metrics: &Metrics, shutdown: &CancellationToken) -> anyhow::Result<Option<tokio::task::JoinHandle<anyhow::Result<()>>>> {
+    if !config.kafka_source_enabled() {
+        return Ok(None);
+    }
+    let source_metrics = railhook_kafka_source::SourceMetrics::new();
+    source_metrics.register(metrics.registry())?;
+    let (config, token) = (config.clone(), shutdown.clone());
+    Ok(Some(tokio::spawn(async move {
+        let result = railhook_kafka_source::run(config, source_metrics, token.clone()).await;
+        if !token.is_cancelled() {
+            token.cancel();
+        }
+        result.map_err(|e| anyhow::anyhow!("{}", railhook_kafka_source::error::chain(&e)))
+    })))
 }
 
 /// The API, the relay and the worker in one process, with one /metrics (the API's).
@@ -255,6 +280,14 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     let stages = stages(&metrics)?;
     let relay_metrics = relay_metrics(&metrics, &stages)?;
     let worker_metrics = worker_metrics(&metrics, &stages)?;
+    let source_metrics = match config.kafka_source_enabled() {
+        true => {
+            let m = railhook_kafka_source::SourceMetrics::new();
+            m.register(metrics.registry())?;
+            Some(m)
+        }
+        false => None,
+    };
     let listen = config.api.listen;
     let state = api_state(config, metrics).await?;
     let config = state.config.clone();
@@ -266,6 +299,13 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
     components.spawn(async move { ("api", railhook_api::run(state, listener, token).await.map_err(anyhow::Error::from)) });
     let (c, token) = (config.clone(), shutdown.clone());
     components.spawn(async move { ("worker", railhook_worker::run_with(c, worker_metrics, inline_rx, token).await.map_err(anyhow::Error::from)) });
+    if let Some(source_metrics) = source_metrics {
+        let (c, token) = (config.clone(), shutdown.clone());
+        components.spawn(async move {
+            let result = railhook_kafka_source::run(c, source_metrics, token).await;
+            ("kafka_source", result.map_err(|e| anyhow::anyhow!("{}", railhook_kafka_source::error::chain(&e))))
+        });
+    }
     let token = shutdown.clone();
     components.spawn(async move { ("relay", railhook_relay::run_with(config, relay_metrics, inline_tx, token).await.map_err(anyhow::Error::from)) });
 

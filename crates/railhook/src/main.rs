@@ -69,10 +69,11 @@ enum Command {
     },
     /// Run the delivery worker: Kafka consumer, Attempt Runner, retry scheduler and sweeps,
     /// with /metrics, /healthz and /readyz on worker.ops_listen. SIGTERM drains Attempts in
-    /// flight for worker.shutdown_grace_ms.
+    /// flight for worker.shutdown_grace_ms. With kafka_source.topics set, also the Kafka
+    /// source: each record of those topics ingested as an Event (docs/KAFKA_SOURCE.md).
     Worker,
     /// Run the API, the relay and the worker in one process; their metrics on the API's
-    /// /metrics.
+    /// /metrics. With kafka_source.topics set, also the Kafka source.
     All {
         /// API listen address; overrides api.listen.
         #[arg(long, value_name = "ADDR")]
