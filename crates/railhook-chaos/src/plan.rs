@@ -112,12 +112,16 @@ impl FaultKind {
         }
     }
 
-    /// Whether the kind ends a worker's process (its Attempts in flight are never recorded):
-    /// on inline the relay's kill is its whole `railhook all` process, worker included.
+    /// Whether the kind ends a worker's process (its Attempts in flight past the shutdown
+    /// grace are never recorded): on inline the relay's kill is its whole `railhook all`
+    /// process, worker included, and so is `slot_invalidation`'s stop of the relays (a quick
+    /// inline run saw a Forward's request reach the receiver as that stop ended its process,
+    /// and the stuck sweep send it again: window 8); `clock_skew` stops workers at its start
+    /// and at its end on either transport ([`crate::record::FaultTimes`] takes both times).
     pub fn kills_a_worker(self, transport: TransportKind) -> bool {
         match self {
-            FaultKind::KillWorker | FaultKind::KillAll => true,
-            FaultKind::RelayStandbyTakeover | FaultKind::KillRelay => transport == TransportKind::Inline,
+            FaultKind::KillWorker | FaultKind::KillAll | FaultKind::ClockSkew => true,
+            FaultKind::RelayStandbyTakeover | FaultKind::KillRelay | FaultKind::SlotInvalidation => transport == TransportKind::Inline,
             _ => false,
         }
     }
@@ -326,6 +330,24 @@ pub fn skipped_faults(opts: &Options) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kinds_that_stop_a_worker_process_are_the_kills_of_the_checker() {
+        use TransportKind::{Inline, Kafka};
+        for (kind, kafka, inline) in [
+            (FaultKind::KillWorker, true, true),
+            (FaultKind::KillAll, true, true),
+            (FaultKind::ClockSkew, true, true),
+            (FaultKind::KillRelay, false, true),
+            (FaultKind::RelayStandbyTakeover, false, true),
+            (FaultKind::SlotInvalidation, false, true),
+            (FaultKind::KillApi, false, false),
+            (FaultKind::PostgresCrash, false, false),
+            (FaultKind::ReceiverOutage, false, false),
+        ] {
+            assert_eq!((kind.kills_a_worker(Kafka), kind.kills_a_worker(Inline)), (kafka, inline), "{kind:?}");
+        }
+    }
 
     #[test]
     fn the_full_plan_has_every_kind_and_every_link_and_ends_with_the_panics() {

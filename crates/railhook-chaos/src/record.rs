@@ -120,7 +120,13 @@ pub struct FaultTimes {
 impl FaultTimes {
     pub fn new(faults: &[FaultRecord]) -> FaultTimes {
         FaultTimes {
-            kills: faults.iter().filter(|f| f.kills_a_worker).map(|f| f.started_at).collect(),
+            // A clock skew stops workers twice: when the skewed one takes over and when it
+            // hands back.
+            kills: faults
+                .iter()
+                .filter(|f| f.kills_a_worker)
+                .flat_map(|f| std::iter::once(f.started_at).chain((f.kind == FaultKind::ClockSkew).then_some(f.ended_at)))
+                .collect(),
             postgres_unreachable: faults.iter().filter(|f| f.kind.postgres_unreachable(f.link)).map(|f| (f.started_at, f.ended_at)).collect(),
             crashes: faults.iter().filter(|f| f.kind == FaultKind::PostgresCrash).map(|f| (f.started_at, f.ended_at)).collect(),
             panics: faults.iter().filter(|f| f.kind == FaultKind::TaskPanic).map(|f| (f.started_at, f.ended_at)).collect(),
