@@ -39,19 +39,7 @@ pub async fn ingest(args: &Args) -> anyhow::Result<serde_json::Value> {
         ordered.rate / baseline.rate
     );
 
-    let plan = Plan {
-        addr: stack.api_addr,
-        api_key: stack.api_key.clone(),
-        connections,
-        rate: None,
-        warmup: Duration::from_secs(2),
-        duration: args.duration,
-        count: None,
-        payload_bytes: 1024,
-        event_type: Arc::new(|_| EVENT_TYPE.to_string()),
-        keep_deliveries: false,
-        path: "/v1/events",
-    };
+    let plan = rest_saturation(&stack, connections, args.duration);
     let (gen0, api0, pg0) = (self_cpu_seconds(), stack.proc("api").cpu_seconds(), cpu_seconds_of_comm("postgres"));
     let wall = Instant::now();
     let sent = load::run(&plan).await?;
@@ -187,4 +175,22 @@ async fn pgbench(stack: &Stack, connections: usize, args: &Args) -> anyhow::Resu
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `POST /v1/events` as fast as accepted over `connections`, 1 KiB payloads, after a 2 s
+/// warm-up: ingest's measurement, and the REST side of `kafka_source`.
+pub fn rest_saturation(stack: &Stack, connections: usize, duration: Duration) -> Plan {
+    Plan {
+        addr: stack.api_addr,
+        api_key: stack.api_key.clone(),
+        connections,
+        rate: None,
+        warmup: Duration::from_secs(2),
+        duration,
+        count: None,
+        payload_bytes: 1024,
+        event_type: Arc::new(|_| EVENT_TYPE.to_string()),
+        keep_deliveries: false,
+        path: "/v1/events",
+    }
 }

@@ -16,13 +16,12 @@
 //! Ratio: `kafka_source_over_rest` (target at least 1.5: the source batches records into one
 //! transaction where the API commits each Event on its own).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use rdkafka::producer::FutureRecord;
 
-use crate::load::{self, Plan};
+use crate::load;
 use crate::procs::{cpu_seconds_of_comm, Proc};
 use crate::stack::{log_dir, Stack};
 use crate::{json, percentiles, Args};
@@ -38,19 +37,7 @@ pub async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
     let client = stack.db.client().await;
 
     // 1. REST.
-    let plan = Plan {
-        addr: stack.api_addr,
-        api_key: stack.api_key.clone(),
-        connections,
-        rate: None,
-        warmup: Duration::from_secs(2),
-        duration: args.duration,
-        count: None,
-        payload_bytes: 1024,
-        event_type: Arc::new(|_| EVENT_TYPE.to_string()),
-        keep_deliveries: false,
-        path: "/v1/events",
-    };
+    let plan = crate::ingest::rest_saturation(&stack, connections, args.duration);
     let pg0 = cpu_seconds_of_comm("postgres");
     let sent = load::run(&plan).await?;
     let rest_pg_cpu = cpu_seconds_of_comm("postgres") - pg0;

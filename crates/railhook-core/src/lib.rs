@@ -21,3 +21,15 @@ pub use pattern::{candidate_patterns, EventType, EventTypePattern, PatternError}
 pub use signing::{sign, signature_header, verify, EndpointSecret, SecretError, VerifyError};
 pub use trace::{TraceContext, TraceParent};
 pub use status::{AnnouncementReason, CircuitChange, DeferralReason, DeliveryStatus, UnknownWord};
+
+/// An error with its chain of sources, for logs: `context: source: source's source`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}

@@ -54,17 +54,8 @@ impl WorkerError {
     }
 }
 
-/// Formats an error with its chain of sources, for logs: `context: source: source's source`.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(s) = next {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        next = s.source();
-    }
-    out
-}
+/// An error with its chain of sources, for logs (one function for every crate).
+pub use railhook_core::error_chain as chain;
 
 #[cfg(test)]
 mod tests {
