@@ -1,7 +1,7 @@
 //! One batch of records (of one lane, `crate::Lane`): mapped (`crate::record`), their
-//! Projects checked, the good ones ingested in ONE transaction with the statement of
-//! `POST /v1/events` (`railhook_store::events::ingest_batch`), the others produced to the
-//! dead-letter topic.
+//! Projects checked, the good ones ingested in ONE statement and transaction, the set form of
+//! the statement of `POST /v1/events` (`railhook_store::events::ingest_batch`), the others
+//! produced to the dead-letter topic.
 //! [`Batch::ingest`] returns only when every record of the batch has its outcome stored
 //! (an Event committed, or a dead-letter copy acknowledged): the caller commits the offsets
 //! after that, and not before.

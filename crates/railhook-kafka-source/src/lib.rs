@@ -2,9 +2,10 @@
 //! `kafka_source.topics` become Events, as if each had been POSTed to `/v1/events`.
 //!
 //! The contract, kept here and in [`batch`]:
-//! - **Same statement.** A record is ingested by `railhook_store::events::ingest`, the
-//!   statement of `POST /v1/events` (the Event, its Deliveries and their announcement in one
-//!   transaction); a batch of records is one transaction ([`railhook_store::events::ingest_batch`]).
+//! - **What REST writes.** A batch of records is one statement and one transaction
+//!   ([`railhook_store::events::ingest_batch`]: the set form of the statement of
+//!   `POST /v1/events`, held to the same rows by the store's `tests/ingest_batch.rs`): each
+//!   Event, its Deliveries and their announcement commit together.
 //! - **Offsets after the commit.** A batch's offsets are committed only after its transaction
 //!   committed and its dead-letter copies were acknowledged. A crash before that reads the
 //!   records again.
