@@ -181,11 +181,24 @@ async fn a_hint_that_overtakes_its_commit_is_claimed_once_the_commit_is_visible(
 /// webhook-id), one outcome, no third request.
 #[tokio::test]
 async fn a_swept_attempt_that_finishes_late_queues_no_successor() {
-    let (receiver, base) = Receiver::start(|_, n| if n == 0 { Act::Slow(Duration::from_secs(4), 500) } else { Act::Status(200) }).await;
-    let sys = System::start(|c| c.worker.processing_timeout_seconds = 1).await;
+    // The sweep's timeout (2 s) is the margin every claim-to-finalise must stay within, or
+    // the sweep takes that run too (with 1 s a loaded CI machine once swept run after run
+    // for 30 s); the stall (6 s) outlasts the timeout and the next sweep round.
+    let (receiver, base) = Receiver::start(|_, n| if n == 0 { Act::Slow(Duration::from_secs(6), 500) } else { Act::Status(200) }).await;
+    let sys = System::start(|c| c.worker.processing_timeout_seconds = 2).await;
     let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/stall")], &spec(&[1], 5, 10)).await;
     let delivery = fixture.ingest(&sys.pool, "order.created").await.remove(0);
-    sys.wait_status(&delivery, "SUCCESS", Duration::from_secs(30)).await;
+    let succeeded = tokio::time::timeout(Duration::from_secs(30), sys.wait_status(&delivery, "SUCCESS", Duration::from_secs(31))).await;
+    if succeeded.is_err() {
+        let swept = sys.worker.metrics.swept.with_label_values(&["processing_timeout"]).get();
+        panic!(
+            "not SUCCESS within 30 s: {:?}, attempts {:?}, {} requests, {swept} swept, {} fences lost",
+            sys.status(&delivery).await,
+            sys.attempts(&delivery).await,
+            receiver.hits("/stall").len(),
+            sys.worker.metrics.fence_lost.get()
+        );
+    }
     eventually(Duration::from_secs(30), "the stalled Attempt to finish and lose its fence", || async {
         (sys.worker.metrics.fence_lost.get() == 1).then_some(())
     })
