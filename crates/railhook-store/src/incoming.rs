@@ -92,8 +92,8 @@ pub enum Received {
 /// Public so a benchmark can run the very same statement.
 pub const INGRESS_SQL: &str = "
 WITH ev AS (
-    INSERT INTO incoming_events (id, project_id, source_id, provider_event_id, method, headers, body, content_type)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    INSERT INTO incoming_events (id, project_id, source_id, provider_event_id, method, headers, body, content_type, traceparent, tracestate)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $12, $13)
     ON CONFLICT (source_id, provider_event_id) DO NOTHING
     RETURNING id, received_at
 ),

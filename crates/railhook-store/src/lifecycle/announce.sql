@@ -36,13 +36,21 @@ BEGIN
     -- the sweeps, the relay's re-announcement, a person's retry) carry their Event's, so
     -- every Attempt is in the Event's trace (issue 33): two primary-key reads per
     -- announcement, off the ingest's path (the ingest passes its context). Deliveries made by
-    -- this very statement (a Replay's) are not visible yet and go without.
+    -- the calling statement itself are not visible to this lookup: such a caller (a Replay's
+    -- batch) passes its Events' context; Forwards likewise, their Incoming Event's.
     IF p_kind = 'd' AND p_traceparents IS NULL THEN
         SELECT array_agg(e.traceparent ORDER BY u.n), array_agg(e.tracestate ORDER BY u.n)
           INTO p_traceparents, p_tracestates
         FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
         LEFT JOIN deliveries d ON d.id = u.id
         LEFT JOIN events e ON e.id = d.event_id;
+    ELSIF p_kind = 'f' AND p_traceparents IS NULL THEN
+        -- The same for a Forward: its Incoming Event's context (migration 0034).
+        SELECT array_agg(ie.traceparent ORDER BY u.n), array_agg(ie.tracestate ORDER BY u.n)
+          INTO p_traceparents, p_tracestates
+        FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
+        LEFT JOIN forwards f ON f.id = u.id
+        LEFT JOIN incoming_events ie ON ie.id = f.incoming_event_id;
     END IF;
     IF (SELECT via FROM railhook_announce_via) = 'message' THEN
         PERFORM pg_logical_emit_message(true, 'railhook.announce.v1',

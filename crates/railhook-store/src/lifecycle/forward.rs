@@ -694,14 +694,18 @@ pub enum ReplayOutcome {
 fn replay_sql() -> String {
     format!(
         "WITH ev AS (
-            SELECT id, project_id, source_id FROM incoming_events WHERE id = $1 AND project_id = $2
+            SELECT id, project_id, source_id, traceparent, tracestate FROM incoming_events WHERE id = $1 AND project_id = $2
         ), fw AS (
             INSERT INTO forwards (id, project_id, incoming_event_id, destination_id, max_attempts, retry_delays, timeout_seconds)
             SELECT railhook_uuid_v7(), ev.project_id, ev.id, d.id, $4, $5, $6
             FROM ev JOIN destinations d ON d.source_id = ev.source_id AND d.enabled AND ($3::uuid IS NULL OR d.id = $3)
             RETURNING *
         ), ob AS (
-            SELECT railhook_announce('f', array_agg(project_id ORDER BY id), array_agg(id ORDER BY id), array_agg(destination_id ORDER BY id), $7) AS n FROM fw
+            -- In the Incoming Event's trace (issue 33): passed here, since the announcement's
+            -- own lookup cannot see the Forwards this statement makes.
+            SELECT railhook_announce('f', array_agg(fw.project_id ORDER BY fw.id), array_agg(fw.id ORDER BY fw.id), array_agg(fw.destination_id ORDER BY fw.id), $7,
+                                     NULL, coalesce(array_agg(ev.traceparent ORDER BY fw.id), '{{}}'), coalesce(array_agg(ev.tracestate ORDER BY fw.id), '{{}}')) AS n
+            FROM fw CROSS JOIN ev
         )
         SELECT (SELECT d.enabled FROM destinations d WHERE d.id = $3 AND d.source_id = ev.source_id), f.id IS NOT NULL, {}
         FROM ev CROSS JOIN ob LEFT JOIN fw f ON true LEFT JOIN destinations d ON d.id = f.destination_id

@@ -49,12 +49,15 @@ dl AS (
             ORDER BY o.id LIMIT 1)
     FROM pick LEFT JOIN seq ON seq.id = pick.endpoint_id AND pick.ordering
     ORDER BY pick.ord
-    RETURNING id, endpoint_id
+    RETURNING id, endpoint_id, event_id
 ),
 ob AS (
+    -- Each new Delivery in its Event's trace (issue 33), as the Event's retries are: the
+    -- Event's kept context, read here because the announcement's own lookup cannot see the
+    -- Deliveries this statement makes (NULL elements: an Event without one).
     SELECT railhook_announce('d', array_agg($2::uuid ORDER BY dl.id), array_agg(dl.id ORDER BY dl.id), array_agg(dl.endpoint_id ORDER BY dl.id), $7,
-                             -- Not traced (issue 33): a Replay is a new Delivery of its own.
-                             NULL, '{}'::text[], '{}'::text[]) AS n FROM dl
+                             NULL, coalesce(array_agg(e.traceparent ORDER BY dl.id), '{}'), coalesce(array_agg(e.tracestate ORDER BY dl.id), '{}')) AS n
+    FROM dl LEFT JOIN events e ON e.id = dl.event_id
 )
 SELECT count(*) FROM dl CROSS JOIN ob";
 
