@@ -15,7 +15,9 @@
 use std::collections::HashSet;
 
 use railhook_core::ProjectId;
-use railhook_store::events::{self, IngestOutcome};
+use railhook_core::TraceContext;
+use railhook_store::events::{self, IngestOutcome, NewEvent};
+use railhook_telemetry::traces;
 use railhook_store::StoreError;
 
 use crate::dead_letter::DeadLetters;
@@ -63,8 +65,33 @@ impl Batch<'_> {
 
         drop(client);
         if !good.is_empty() {
-            let results = ingest_group(pool, &good, metrics).await?;
-            for ((i, _), outcome) in good.iter().zip(results) {
+            // An `ingest` span per record (issue 33), as `POST /v1/events` makes per request:
+            // a child of the record's own context, or a new trace; the Event keeps the span's
+            // context. From here to the batch's outcome. With export off: none, and the
+            // record's context passes through unchanged.
+            let spans: Vec<tracing::Span> = good
+                .iter()
+                .map(|(i, m)| {
+                    let r = &self.records[*i];
+                    let span = tracing::info_span!(target: traces::TARGET, parent: None, traces::span::INGEST,
+                        otel.kind = "consumer", messaging.system = "kafka", messaging.destination.name = r.topic,
+                        messaging.destination.partition.id = r.partition, messaging.kafka.offset = r.offset, railhook.event_type = %m.event_type);
+                    traces::continue_from(&span, m.trace.as_ref());
+                    span
+                })
+                .collect();
+            let contexts: Vec<Option<TraceContext>> = spans.iter().zip(&good).map(|(span, (_, m))| traces::context_of(span, m.trace.as_ref())).collect();
+            let results = match ingest_group(pool, &good, &contexts, metrics).await {
+                Ok(results) => results,
+                Err(e) => {
+                    spans.iter().for_each(|span| traces::fail(span, "ingest failed"));
+                    return Err(e);
+                }
+            };
+            for (((i, _), outcome), span) in good.iter().zip(results).zip(&spans) {
+                if let Outcome::DeadLetter(refusal) = &outcome {
+                    traces::fail(span, refusal.reason.as_str());
+                }
                 outcomes[*i] = Some(outcome);
             }
         }
@@ -90,9 +117,9 @@ impl Batch<'_> {
 
 /// The batch's good records in one transaction on one connection; the data-error fallback
 /// (one record per transaction) when Postgres refuses it for a record's sake.
-async fn ingest_group(pool: &railhook_store::Pool, group: &[(usize, &Mapped)], metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
+async fn ingest_group(pool: &railhook_store::Pool, group: &[(usize, &Mapped)], contexts: &[Option<TraceContext>], metrics: &SourceMetrics) -> Result<Vec<Outcome>, SourceError> {
     let mut client = pool.get().await.map_err(|e| SourceError::unavailable("getting a Postgres connection", e))?;
-    let news: Vec<_> = group.iter().map(|(_, m)| m.new_event()).collect();
+    let news: Vec<_> = group.iter().zip(contexts).map(|((_, m), trace)| NewEvent { trace: trace.clone(), ..m.new_event() }).collect();
     let started = std::time::Instant::now();
     match events::ingest_batch(&mut client, &news).await {
         Ok(results) => {

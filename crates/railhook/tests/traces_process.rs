@@ -5,7 +5,8 @@
 //! Endpoint with a caller's `traceparent` is one trace whose spans are ingest, relay publish,
 //! claim, Attempt and finalise, in this order, and the receiver's `traceparent` names the
 //! Attempt span in that trace; on both transports (Kafka headers, the inline hint). A retry
-//! is in the same trace. A malformed `traceparent` is ignored (201, a new trace). With export off, the caller's
+//! is in the same trace. A Kafka source record with a `traceparent` header is one trace the
+//! same way, its `ingest` span the source's. A malformed `traceparent` is ignored (201, a new trace). With export off, the caller's
 //! context reaches the receiver unchanged (the W3C pass-through).
 
 mod common;
@@ -68,6 +69,7 @@ struct Stack {
     _process: tokio::process::Child,
     api: String,
     key: String,
+    project: String,
     http: reqwest::Client,
     rx: Arc<Rx>,
 }
@@ -96,7 +98,8 @@ async fn start_stack(config: &railhook_config::Config, env: Vec<(&'static str, S
     let endpoint = call(&http, format!("{api}/v1/endpoints"), &key, json!({"url": format!("http://127.0.0.1:{}/hook", rx.port)}), &[]).await;
     // One second between Attempts: the retry test below.
     call(&http, format!("{api}/v1/subscriptions"), &key, json!({"endpoint_id": endpoint["id"], "event_type": "order.*", "retry_delays": [1]}), &[]).await;
-    Stack { _process: process, api, key, http, rx }
+    let project = project["id"].as_str().unwrap().to_string();
+    Stack { _process: process, api, key, project, http, rx }
 }
 
 impl Stack {
@@ -338,5 +341,70 @@ async fn with_export_off_the_callers_context_passes_through_unchanged() {
     assert_eq!(requests.len(), 2, "one failed Attempt, one retry");
     for (tp, _) in &requests {
         assert_eq!(tp.as_deref(), Some(caller.as_str()), "{requests:?}");
+    }
+}
+
+/// The Kafka source (issue 33): a record whose headers carry a `traceparent` is one trace
+/// like a POST's, the source's own `ingest` span (a consumer span) the child of the
+/// producer's, and the rest under it.
+#[tokio::test]
+async fn a_kafka_source_record_is_one_trace_in_jaeger() {
+    let Some(binary) = jaeger_binary() else {
+        eprintln!("Jaeger is not built (scripts/lib.sh ensure_jaeger); the trace was not checked against a collector");
+        return;
+    };
+    let jaeger = start_jaeger(&binary).await;
+    let db = TestDb::new().await;
+    let config = test_config(&db);
+    let topic = format!("{}orders", config.kafka.topic_prefix);
+    railhook_kafka::ensure_topics(&config.kafka, std::slice::from_ref(&topic)).await.unwrap();
+    let env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", jaeger.otlp.clone()),
+        ("OTEL_SERVICE_NAME", "railhook-test".to_string()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_string()),
+        ("RAILHOOK_KAFKA_SOURCE__TOPICS", r#"["orders"]"#.to_string()),
+        ("RAILHOOK_KAFKA_SOURCE__GROUP_ID", format!("{}source", config.kafka.topic_prefix)),
+    ];
+    let stack = start_stack(&config, env).await;
+
+    let producer_trace = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = format!("00-{producer_trace}-{CALLER_SPAN}-01");
+    let value = json!({"type": "order.paid", "payload": {"n": 1}, "project": stack.project}).to_string();
+    let headers = rdkafka::message::OwnedHeaders::new()
+        .insert(rdkafka::message::Header { key: "traceparent", value: Some(caller.as_bytes()) })
+        .insert(rdkafka::message::Header { key: "tracestate", value: Some("rojo=1".as_bytes()) });
+    let producer = railhook_kafka::idempotent_producer(&config.kafka, 100).unwrap();
+    producer
+        .send(rdkafka::producer::FutureRecord::<(), _>::to(&topic).payload(&value).headers(headers), Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let (tp, ts) = eventually(Duration::from_secs(90), "the record's Event at the receiver", || async {
+        stack.rx.seen.lock().unwrap().values().next().map(|r| r[0].clone())
+    })
+    .await;
+    let tp = tp.expect("the receiver got a traceparent");
+    assert!(tp.starts_with(&format!("00-{producer_trace}-")), "the producer's trace: {tp}");
+    assert_eq!(ts.as_deref(), Some("rojo=1"));
+
+    let spans = eventually(Duration::from_secs(30), "the five spans in Jaeger", || async {
+        let spans = trace_spans(&jaeger, producer_trace).await;
+        SPANS.iter().all(|name| spans.iter().any(|s| s.name == *name)).then_some(spans)
+    })
+    .await;
+    let one = |name: &str| -> Span {
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "exactly one {name} span: {spans:#?}");
+        found[0].clone()
+    };
+    let [ingest, publish, claim, attempt, finalise] = SPANS.map(one);
+    assert_eq!(ingest.parent.as_deref(), Some(CALLER_SPAN), "the source's ingest continues the producer's span");
+    assert_eq!(publish.parent.as_ref(), Some(&ingest.id));
+    for s in [&claim, &attempt, &finalise] {
+        assert_eq!(s.parent.as_ref(), Some(&publish.id), "{} is the relay publish's child", s.name);
+    }
+    assert_eq!(tp.split('-').nth(2), Some(attempt.id.as_str()), "the receiver's parent is the Attempt span");
+    for s in [&ingest, &publish, &claim, &attempt, &finalise] {
+        eprintln!("trace {producer_trace}: {:<14} span {} parent {:?} start {}", s.name, s.id, s.parent, s.start);
     }
 }
