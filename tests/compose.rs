@@ -84,7 +84,8 @@ fn ci_runs_the_readme_test_command() {
     assert!(readme.contains("scripts/test") && readme.contains("scripts/demo"));
 }
 
-/// Every `RAILHOOK_*` variable a Railhook service gets names a setting the binary reads, and
+/// Every `RAILHOOK_*` variable a Railhook service gets names a setting the binary reads (and
+/// every `OTEL_*` one is documented in docs/TRACING.md), and
 /// its health check asks `/readyz` on the port the component listens on.
 #[test]
 fn compose_railhook_services_use_real_settings_and_ports() {
@@ -95,6 +96,11 @@ fn compose_railhook_services_use_real_settings_and_ports() {
         let env = c["services"][name]["environment"].as_mapping().unwrap_or_else(|| panic!("{name} has no environment"));
         for var in env.keys().filter_map(|k| k.as_str()) {
             if railhook_config::ENV_ALIASES.iter().any(|(alias, _)| *alias == var) {
+                continue;
+            }
+            // OpenTelemetry's standard variables, which the binary reads as they are.
+            if var.starts_with("OTEL_") {
+                assert!(read("docs/TRACING.md").contains(var), "{name}: {var} is not one docs/TRACING.md names");
                 continue;
             }
             let key = var.strip_prefix("RAILHOOK_").unwrap_or_else(|| panic!("{name}: {var}")).to_ascii_lowercase().replace("__", ".");
