@@ -113,11 +113,27 @@ impl Stack {
         while let Some(p) = self.procs.pop() {
             p.stop().await;
         }
+        // The relay's walsender leaves a moment after the relay: the slot is dropped once it
+        // is inactive (a slot left behind keeps the cluster's WAL for every later run).
         let client = self.db.client().await;
-        client
-            .execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", &[&self.config.relay.slot_name])
-            .await
-            .ok();
+        let slot = &self.config.relay.slot_name;
+        for _ in 0..100 {
+            let active: Option<bool> = client
+                .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[slot])
+                .await
+                .ok()
+                .flatten()
+                .map(|r| r.get(0));
+            match active {
+                Some(true) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                Some(false) => {
+                    client.execute("SELECT pg_drop_replication_slot($1)", &[slot]).await.ok();
+                    return;
+                }
+                None => return,
+            }
+        }
+        eprintln!("the slot {slot} stayed active 5 s after its relay stopped; not dropped");
     }
 }
 
