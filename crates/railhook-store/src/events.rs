@@ -42,6 +42,25 @@ pub fn request_sha256(event_type: &str, payload: &serde_json::Value) -> Vec<u8> 
     h.finalize().to_vec()
 }
 
+/// The CTE body that hands out ordering Sequence Numbers (DESIGN.md 6.5) to the Deliveries
+/// a statement makes, one text for every such statement (the ingest, its set form, a
+/// Replay's batch): `$rows` names the statement's CTE of candidate rows, each with
+/// `endpoint_id` and `ordering`. It returns each ordered Endpoint's `id` and the `base` its
+/// new numbers count up from. The row lock serialises ordered ingests per endpoint, so
+/// numbers follow commit order; a rollback undoes the increment, so none is burned.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! sequence_numbers_cte {
+    ($rows:literal) => {
+        concat!(
+            "UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
+    FROM (SELECT endpoint_id, count(*) AS n FROM ", $rows, " WHERE ordering GROUP BY endpoint_id) c
+    WHERE e.id = c.endpoint_id
+    RETURNING e.id, e.last_sequence - c.n AS base"
+        )
+    };
+}
+
 /// The outgoing ladder of DESIGN.md 6.3, used when a Subscription has no `retry_delays`.
 pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400];
 
@@ -50,7 +69,8 @@ pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400]
 /// The caller is `$2` (a Project id) or `$9` (the SHA-256 of an API key, looked up here so the
 /// API's POST is one round trip, not an authentication and then an ingest); the other is
 /// NULL. No row comes back when the key is unknown or revoked.
-pub const INGEST_SQL: &str = "
+pub const INGEST_SQL: &str = concat!(
+    "
 WITH who AS (
     SELECT project_id FROM api_keys WHERE secret_sha256 = $9::bytea AND revoked_at IS NULL
     UNION ALL
@@ -72,12 +92,9 @@ subs AS (
     WHERE s.enabled AND s.event_type_pattern = ANY($7)
 ),
 seq AS (
-    -- The row lock serialises ordered ingests per endpoint, so numbers follow commit order;
-    -- a rollback undoes the increment, so none is burned.
-    UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
-    FROM (SELECT endpoint_id, count(*) AS n FROM subs WHERE ordering GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id
-    RETURNING e.id, e.last_sequence - c.n AS base
+    ",
+    sequence_numbers_cte!("subs"),
+    "
 ),
 dl AS (
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
@@ -97,7 +114,8 @@ ob AS (
 )
 SELECT who.project_id, ev.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
 FROM who CROSS JOIN ob LEFT JOIN ev ON true LEFT JOIN dl ON true
-ORDER BY dl.id";
+ORDER BY dl.id"
+);
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct DeliverySummary {
@@ -276,21 +294,23 @@ pub async fn deliveries_of<C: GenericClient + Sync>(db: &C, project: ProjectId, 
             &[&event.0, &project.0],
         )
         .await?;
-    rows.iter()
-        .map(|r| {
-            let status: String = r.try_get(3)?;
-            Ok(DeliverySummary {
-                id: DeliveryId(r.try_get(0)?),
-                endpoint_id: EndpointId(r.try_get(1)?),
-                subscription_id: r.try_get::<_, Option<uuid::Uuid>>(2)?.map(SubscriptionId),
-                status: status.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
-                attempt_count: r.try_get(4)?,
-                sequence_number: r.try_get(5)?,
-                next_retry_at: r.try_get(6)?,
-                created_at: r.try_get(7)?,
-            })
-        })
-        .collect()
+    rows.iter().map(|r| delivery_summary(r, 0)).collect()
+}
+
+/// A Delivery's summary from the columns `id, endpoint_id, subscription_id, status::text,
+/// attempt_count, sequence_number, next_retry_at, created_at`, the first at `at`.
+pub(crate) fn delivery_summary(r: &tokio_postgres::Row, at: usize) -> Result<DeliverySummary, StoreError> {
+    let status: String = r.try_get(at + 3)?;
+    Ok(DeliverySummary {
+        id: DeliveryId(r.try_get(at)?),
+        endpoint_id: EndpointId(r.try_get(at + 1)?),
+        subscription_id: r.try_get::<_, Option<uuid::Uuid>>(at + 2)?.map(SubscriptionId),
+        status: status.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
+        attempt_count: r.try_get(at + 4)?,
+        sequence_number: r.try_get(at + 5)?,
+        next_retry_at: r.try_get(at + 6)?,
+        created_at: r.try_get(at + 7)?,
+    })
 }
 
 pub async fn get_event<C: GenericClient + Sync>(db: &C, project: ProjectId, id: EventId) -> Result<Option<Event>, StoreError> {

@@ -233,6 +233,23 @@ async fn trace_spans(jaeger: &Jaeger, trace_id: &str) -> Vec<Span> {
 
 const SPANS: [&str; 5] = ["ingest", "relay publish", "claim", "Attempt", "finalise"];
 
+/// Waits until the trace `trace_id` has the five spans in Jaeger; the trace's spans, and the
+/// one span of each name in [`SPANS`]'s order (exactly one of each, or the test fails).
+async fn five_spans(jaeger: &Jaeger, trace_id: &str) -> (Vec<Span>, [Span; 5]) {
+    let spans = eventually(Duration::from_secs(30), "the five spans in Jaeger", || async {
+        let spans = trace_spans(jaeger, trace_id).await;
+        SPANS.iter().all(|name| spans.iter().any(|s| s.name == *name)).then_some(spans)
+    })
+    .await;
+    let one = |name: &str| -> Span {
+        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
+        assert_eq!(found.len(), 1, "exactly one {name} span: {spans:#?}");
+        found[0].clone()
+    };
+    let five = SPANS.map(one);
+    (spans, five)
+}
+
 /// The whole check, on one transport (`env` picks it).
 async fn one_event_is_one_trace(transport_env: Vec<(&'static str, String)>) {
     let Some(binary) = jaeger_binary() else {
@@ -260,17 +277,7 @@ async fn one_event_is_one_trace(transport_env: Vec<(&'static str, String)>) {
     let event = stack.http.get(format!("{}/v1/events/{event_id}", stack.api)).bearer_auth(&stack.key).send().await.unwrap().json::<Value>().await.unwrap();
     assert_eq!(event["trace_id"], CALLER_TRACE, "the Event keeps its trace id");
 
-    let spans = eventually(Duration::from_secs(30), "the five spans in Jaeger", || async {
-        let spans = trace_spans(&jaeger, CALLER_TRACE).await;
-        SPANS.iter().all(|name| spans.iter().any(|s| s.name == *name)).then_some(spans)
-    })
-    .await;
-    let by_name = |name: &str| -> Span {
-        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
-        assert_eq!(found.len(), 1, "exactly one {name} span: {spans:#?}");
-        found[0].clone()
-    };
-    let [ingest, publish, claim, attempt, finalise] = SPANS.map(by_name);
+    let (spans, [ingest, publish, claim, attempt, finalise]) = five_spans(&jaeger, CALLER_TRACE).await;
     assert!(spans.iter().all(|s| s.service == "railhook-test"), "OTEL_SERVICE_NAME: {spans:#?}");
     assert_eq!(ingest.parent.as_deref(), Some(CALLER_SPAN), "ingest continues the caller's span");
     assert_eq!(publish.parent.as_ref(), Some(&ingest.id), "relay publish is the ingest's child");
@@ -387,17 +394,7 @@ async fn a_kafka_source_record_is_one_trace_in_jaeger() {
     assert!(tp.starts_with(&format!("00-{producer_trace}-")), "the producer's trace: {tp}");
     assert_eq!(ts.as_deref(), Some("rojo=1"));
 
-    let spans = eventually(Duration::from_secs(30), "the five spans in Jaeger", || async {
-        let spans = trace_spans(&jaeger, producer_trace).await;
-        SPANS.iter().all(|name| spans.iter().any(|s| s.name == *name)).then_some(spans)
-    })
-    .await;
-    let one = |name: &str| -> Span {
-        let found: Vec<&Span> = spans.iter().filter(|s| s.name == name).collect();
-        assert_eq!(found.len(), 1, "exactly one {name} span: {spans:#?}");
-        found[0].clone()
-    };
-    let [ingest, publish, claim, attempt, finalise] = SPANS.map(one);
+    let (_, [ingest, publish, claim, attempt, finalise]) = five_spans(&jaeger, producer_trace).await;
     assert_eq!(ingest.parent.as_deref(), Some(CALLER_SPAN), "the source's ingest continues the producer's span");
     assert_eq!(publish.parent.as_ref(), Some(&ingest.id));
     for s in [&claim, &attempt, &finalise] {

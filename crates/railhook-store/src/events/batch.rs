@@ -31,7 +31,8 @@ use crate::StoreError;
 /// patterns as pairs (`$9` the Event's position from 1, `$10` a pattern); `$11` the default
 /// ladder. One row per Delivery made (an Event with none: one row with NULLs), with the
 /// Event's position; Events not inserted (their key existed) have no row.
-pub const INGEST_BATCH_SQL: &str = "
+pub const INGEST_BATCH_SQL: &str = concat!(
+    "
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[], $7::text[], $8::text[])
         WITH ORDINALITY AS i(id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate, ord)
@@ -56,12 +57,10 @@ subs AS (
     WHERE s.enabled
 ),
 seq AS (
-    -- As in the single statement: the row lock serialises ordered ingests per endpoint, and
-    -- the numbers follow the Events' order within the batch.
-    UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
-    FROM (SELECT endpoint_id, count(*) AS n FROM subs WHERE ordering GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id
-    RETURNING e.id, e.last_sequence - c.n AS base
+    -- The numbers follow the Events' order within the batch (`nth`).
+    ",
+    crate::sequence_numbers_cte!("subs"),
+    "
 ),
 dl AS (
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
@@ -84,7 +83,8 @@ ob AS (
 )
 SELECT made.ord, made.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
 FROM made CROSS JOIN ob LEFT JOIN dl ON dl.event_id = made.id
-ORDER BY made.ord, dl.id";
+ORDER BY made.ord, dl.id"
+);
 
 /// The Events of a batch not inserted (their keys existed), read back by key.
 const BY_KEY_SQL: &str = "
@@ -187,17 +187,7 @@ pub(super) async fn ingest_set<C: deadpool_postgres::GenericClient + Sync>(db: &
         if !replayed.is_empty() {
             let event_ids: Vec<uuid::Uuid> = replayed.keys().copied().collect();
             for r in db.query(DELIVERIES_OF_SQL, &[&event_ids]).await? {
-                let status: String = r.try_get(4)?;
-                let summary = DeliverySummary {
-                    id: DeliveryId(r.try_get(1)?),
-                    endpoint_id: EndpointId(r.try_get(2)?),
-                    subscription_id: r.try_get::<_, Option<uuid::Uuid>>(3)?.map(SubscriptionId),
-                    status: status.parse().map_err(|e: railhook_core::status::UnknownStatus| StoreError::Misconfigured(e.to_string()))?,
-                    attempt_count: r.try_get(5)?,
-                    sequence_number: r.try_get(6)?,
-                    next_retry_at: r.try_get(7)?,
-                    created_at: r.try_get(8)?,
-                };
+                let summary = super::delivery_summary(&r, 1)?;
                 for &i in &replayed[&r.try_get::<_, uuid::Uuid>(0)?] {
                     if let Some(IngestOutcome::Replayed(e)) = &mut outcomes[i] {
                         e.deliveries.get_or_insert_with(Vec::new).push(summary.clone());

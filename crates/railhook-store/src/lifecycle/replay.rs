@@ -24,7 +24,8 @@ pub struct ReplayTarget {
     pub subscription: SubscriptionId,
 }
 
-const INSERT_SQL: &str = "
+const INSERT_SQL: &str = concat!(
+    "
 WITH pick AS (
     SELECT p.ord, p.event_id, p.endpoint_id, s.id AS subscription_id, s.ordering,
            s.max_attempts, s.timeout_seconds, COALESCE(s.retry_delays, $6::int[]) AS retry_delays,
@@ -33,10 +34,9 @@ WITH pick AS (
     JOIN subscriptions s ON s.id = p.subscription_id AND s.project_id = $2
 ),
 seq AS (
-    UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
-    FROM (SELECT endpoint_id, count(*) AS n FROM pick WHERE ordering GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id
-    RETURNING e.id, e.last_sequence - c.n AS base
+    ",
+    crate::sequence_numbers_cte!("pick"),
+    "
 ),
 dl AS (
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts,
@@ -59,7 +59,8 @@ ob AS (
                              NULL, coalesce(array_agg(e.traceparent ORDER BY dl.id), '{}'), coalesce(array_agg(e.tracestate ORDER BY dl.id), '{}')) AS n
     FROM dl LEFT JOIN events e ON e.id = dl.event_id
 )
-SELECT count(*) FROM dl CROSS JOIN ob";
+SELECT count(*) FROM dl CROSS JOIN ob"
+);
 
 /// Makes the batch's Deliveries and their announcements; returns how many were made (a
 /// target whose Subscription was deleted since it was chosen makes none). Run it inside the
