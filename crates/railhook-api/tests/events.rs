@@ -105,8 +105,17 @@ async fn a_failure_after_the_deliveries_are_written_leaves_nothing() {
     client.batch_execute("DROP TRIGGER fail_outbox ON outbox").await.unwrap();
     let (status, body) = api.post(&p.key, "/v1/events", json!({"type": "order.paid", "payload": {"n": 1}})).await;
     assert_eq!(status, 201);
-    let ordered: Vec<i64> = body["deliveries"].as_array().unwrap().iter().filter_map(|d| d["sequence_number"].as_i64()).collect();
-    assert_eq!(ordered, vec![1], "the ordered subscription's first number is 1: {body}");
+    assert!(body["deliveries"].as_array().unwrap().iter().all(|d| d["sequence_number"].is_null()), "numbered at the first claim: {body}");
+    let pool = railhook_store::connect_pool(&api.config.database).await.unwrap();
+    let ordered: Vec<i64> = railhook_testkit::relay::claim_announced(&pool)
+        .await
+        .iter()
+        .filter_map(|r| match r {
+            railhook_store::lifecycle::ClaimResult::Claimed(c) => c.sequence_number,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ordered, vec![1], "the ordered subscription's first number is 1");
 }
 
 #[tokio::test]
@@ -126,8 +135,12 @@ async fn ordered_subscriptions_get_consecutive_sequence_numbers() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), 201);
     }
+    assert_eq!(api.count("SELECT count(*) FROM deliveries WHERE ordered AND sequence_number IS NULL").await, 20, "numbered at the first claim");
+    // Claimed in the announcements' order (the commits' order), numbered in that order.
+    let pool = railhook_store::connect_pool(&api.config.database).await.unwrap();
+    railhook_testkit::relay::claim_announced(&pool).await;
     let client = api.db.client().await;
-    let rows = client.query("SELECT sequence_number FROM deliveries ORDER BY sequence_number", &[]).await.unwrap();
+    let rows = client.query("SELECT d.sequence_number FROM outbox o JOIN deliveries d ON d.id = o.delivery_id ORDER BY o.id", &[]).await.unwrap();
     let seqs: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(seqs, (1..=20).collect::<Vec<i64>>());
 }

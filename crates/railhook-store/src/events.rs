@@ -42,25 +42,6 @@ pub fn request_sha256(event_type: &str, payload: &serde_json::Value) -> Vec<u8> 
     h.finalize().to_vec()
 }
 
-/// The CTE body that hands out ordering Sequence Numbers (DESIGN.md 6.5) to the Deliveries
-/// a statement makes, one text for every such statement (the ingest, its set form, a
-/// Replay's batch): `$rows` names the statement's CTE of candidate rows, each with
-/// `endpoint_id` and `ordering`. It returns each ordered Endpoint's `id` and the `base` its
-/// new numbers count up from. The row lock serialises ordered ingests per endpoint, so
-/// numbers follow commit order; a rollback undoes the increment, so none is burned.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! sequence_numbers_cte {
-    ($rows:literal) => {
-        concat!(
-            "UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
-    FROM (SELECT endpoint_id, count(*) AS n FROM ", $rows, " WHERE ordering GROUP BY endpoint_id) c
-    WHERE e.id = c.endpoint_id
-    RETURNING e.id, e.last_sequence - c.n AS base"
-        )
-    };
-}
-
 /// The outgoing ladder of DESIGN.md 6.3, used when a Subscription has no `retry_delays`.
 pub const DEFAULT_OUTGOING_DELAYS: [i32; 6] = [60, 300, 900, 3600, 21600, 86400];
 
@@ -84,25 +65,20 @@ ev AS (
 ),
 subs AS (
     SELECT s.id, s.project_id, s.endpoint_id, s.ordering, s.max_attempts, s.timeout_seconds,
-           COALESCE(s.retry_delays, $8::int[]) AS retry_delays,
-           row_number() OVER (PARTITION BY s.endpoint_id, s.ordering ORDER BY s.id) AS nth
+           COALESCE(s.retry_delays, $8::int[]) AS retry_delays
     FROM ev
     JOIN subscriptions s ON s.project_id = ev.project_id
     JOIN endpoints e ON e.id = s.endpoint_id AND e.enabled
     WHERE s.enabled AND s.event_type_pattern = ANY($7)
 ),
-seq AS (
-    ",
-    sequence_numbers_cte!("subs"),
-    "
-),
 dl AS (
+    -- An ordered Delivery gets its Sequence Number at its first claim (migration 0035), so
+    -- ordered ingests to one Endpoint do not wait for each other's commits.
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
-                            max_attempts, retry_delays, timeout_seconds, sequence_number)
+                            max_attempts, retry_delays, timeout_seconds, ordered)
     SELECT railhook_uuid_v7(), subs.project_id, $1, subs.endpoint_id, subs.id,
-           subs.max_attempts, subs.retry_delays, subs.timeout_seconds,
-           CASE WHEN subs.ordering THEN seq.base + subs.nth END
-    FROM subs LEFT JOIN seq ON seq.id = subs.endpoint_id AND subs.ordering
+           subs.max_attempts, subs.retry_delays, subs.timeout_seconds, subs.ordering
+    FROM subs
     RETURNING id, project_id, endpoint_id, subscription_id, sequence_number
 ),
 ob AS (

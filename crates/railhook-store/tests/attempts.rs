@@ -194,15 +194,20 @@ async fn migration_0017_copies_existing_attempts_into_daily_partitions() {
              RETURNS integer LANGUAGE sql AS $$
                  INSERT INTO outbox (project_id, delivery_id, routing_id, reason) SELECT * FROM unnest(p_projects, p_ids, p_routing) , LATERAL (SELECT p_reason) r;
                  SELECT coalesce(cardinality(p_ids), 0) $$;
-             -- Today's ingest also writes the Event's trace context (migration 0033): the
-             -- columns stand in for the ingest below and go again before the migrations run.
-             ALTER TABLE events ADD COLUMN traceparent text, ADD COLUMN tracestate text;",
+             -- Today's ingest also writes the Event's trace context (migration 0033) and a
+             -- Delivery's `ordered` (0035): the columns stand in for the ingest below and go
+             -- again before the migrations run.
+             ALTER TABLE events ADD COLUMN traceparent text, ADD COLUMN tracestate text;
+             ALTER TABLE deliveries ADD COLUMN ordered boolean NOT NULL DEFAULT false;",
         )
         .await
         .unwrap();
     let fixture = Fixture::create(&client, 2).await;
     let deliveries = ingest(&client, &fixture).await;
-    client.batch_execute("ALTER TABLE events DROP COLUMN traceparent, DROP COLUMN tracestate").await.unwrap();
+    client
+        .batch_execute("ALTER TABLE events DROP COLUMN traceparent, DROP COLUMN tracestate; ALTER TABLE deliveries DROP COLUMN ordered")
+        .await
+        .unwrap();
     let now = Utc::now();
     let three_days_ago = now - Duration::days(3);
     for (i, (delivery, at)) in deliveries.iter().zip([three_days_ago, now]).enumerate() {

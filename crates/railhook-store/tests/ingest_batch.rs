@@ -1,7 +1,8 @@
 //! The set form of the ingest (`events::batch::INGEST_BATCH_SQL`, the Kafka source's batches)
 //! writes what the single statement of `POST /v1/events` writes, one Event after another: the
 //! same Events, Deliveries (Subscriptions matched by pattern, disabled ones left out, each
-//! Subscription's ladder), ordering sequence numbers in the Events' order, announcements with
+//! Subscription's ladder), ordered Deliveries announced in the Events' order (their Sequence
+//! Numbers come at the claim, in that order: migration 0035), announcements with
 //! their trace contexts, and the same outcome for each Event (created, a replay of a key, a
 //! key reused), including keys repeated inside the batch and keys stored before it.
 
@@ -108,16 +109,16 @@ fn kind(o: &IngestOutcome) -> String {
 
 /// Everything the ingests wrote, without ids: Events by payload, their Deliveries and
 /// announcements by Endpoint URL and Subscription pattern, the Endpoints' sequence counters,
-/// and the ordered Endpoint's announcements' sequence numbers in announcement order.
+/// and the ordered Deliveries' Events (`n`) in announcement order.
 async fn written(client: &Client) -> Vec<String> {
     let queries = [
         "SELECT concat_ws(' | ', event_type, payload::text, idempotency_key, encode(request_sha256, 'hex'), traceparent, tracestate) FROM events",
-        "SELECT concat_ws(' | ', e.payload::text, en.url, s.event_type_pattern, d.sequence_number, d.max_attempts, d.retry_delays::text, d.timeout_seconds, d.status::text, d.attempt_count)
+        "SELECT concat_ws(' | ', e.payload::text, en.url, s.event_type_pattern, d.ordered, d.sequence_number, d.max_attempts, d.retry_delays::text, d.timeout_seconds, d.status::text, d.attempt_count)
          FROM deliveries d JOIN events e ON e.id = d.event_id JOIN endpoints en ON en.id = d.endpoint_id JOIN subscriptions s ON s.id = d.subscription_id",
         "SELECT concat_ws(' | ', 'outbox', e.payload::text, en.url, s.event_type_pattern, o.reason, o.routing_id = d.endpoint_id, o.traceparent, o.tracestate)
          FROM outbox o JOIN deliveries d ON d.id = o.delivery_id JOIN events e ON e.id = d.event_id JOIN endpoints en ON en.id = d.endpoint_id JOIN subscriptions s ON s.id = d.subscription_id",
         "SELECT concat_ws(' | ', 'counter', url, last_sequence) FROM endpoints",
-        "SELECT concat_ws(' | ', 'ordered announcements', string_agg(d.sequence_number::text, ',' ORDER BY o.id)) FROM outbox o JOIN deliveries d ON d.id = o.delivery_id WHERE d.sequence_number IS NOT NULL",
+        "SELECT concat_ws(' | ', 'ordered announcements', string_agg(e.payload->>'n', ',' ORDER BY o.id)) FROM outbox o JOIN deliveries d ON d.id = o.delivery_id JOIN events e ON e.id = d.event_id WHERE d.ordered",
         "SELECT concat_ws(' | ', 'open', count(*)) FROM open_deliveries",
     ];
     let mut rows = Vec::new();
@@ -163,7 +164,8 @@ async fn a_batch_writes_what_one_post_per_event_writes() {
     );
     assert_eq!(batched, one_by_one, "the same outcome for each Event");
     let (one, batch) = (written(&one_db.client().await).await, written(&batch_db.client().await).await);
-    assert!(one.iter().any(|r| r.starts_with("ordered announcements | 1,2,3,4,5,6,7")), "seven ordered Deliveries (two before the batch), announced in order: {one:#?}");
+    assert!(one.iter().any(|r| r == "ordered announcements | 5,0,1,2,3,7,8"), "seven ordered Deliveries (two before the batch), announced in order: {one:#?}");
+    assert!(one.iter().any(|r| r == "counter | http://127.0.0.1:9/a | 0"), "no number handed out before a claim: {one:#?}");
     assert!(one.iter().any(|r| r.contains("vendor=v2")), "a trace state kept: {one:#?}");
     assert_eq!(batch, one, "the same rows");
 }

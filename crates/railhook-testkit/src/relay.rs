@@ -248,10 +248,36 @@ impl Fixture {
 pub async fn insert_delivery_copy(client: &Client, id: Uuid, of: Uuid) {
     client
         .execute(
-            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, replay_of)
-             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, id FROM deliveries WHERE id = $2",
+            "INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, ordered, replay_of)
+             SELECT $1, project_id, event_id, endpoint_id, subscription_id, max_attempts, retry_delays, timeout_seconds, ordered, id FROM deliveries WHERE id = $2",
             &[&id, &of],
         )
         .await
         .expect("insert a copy of a Delivery");
+}
+
+/// Claims every Delivery announced through the outbox table (the Outbox mode), in the
+/// announcements' order and in one batch, as a worker's claim would with no limits: an
+/// ordered Delivery gets its Sequence Number there (migration 0035). For tests of what the
+/// API or a Replay writes, without a worker. Answers per announcement, in order.
+pub async fn claim_announced(pool: &railhook_store::Pool) -> Vec<railhook_store::lifecycle::ClaimResult> {
+    use railhook_store::lifecycle::{claim_batch, ClaimRequest, Limits};
+    let client = pool.get().await.expect("pooled connection");
+    let requests: Vec<ClaimRequest> = client
+        .query("SELECT delivery_id FROM outbox WHERE delivery_id IS NOT NULL ORDER BY id", &[])
+        .await
+        .expect("outbox")
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ClaimRequest {
+            delivery: railhook_core::DeliveryId(r.get(0)),
+            token: railhook_core::ClaimToken::new(),
+            hint: None,
+            wait: false,
+            announced_at: None,
+            position: Some((0, i as i64)),
+        })
+        .collect();
+    let limits = Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false };
+    claim_batch(&client, &requests, &limits).await.expect("claim")
 }

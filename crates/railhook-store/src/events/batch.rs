@@ -48,28 +48,20 @@ made AS (
 ),
 subs AS (
     SELECT made.ord, made.id AS event_id, s.id, s.project_id, s.endpoint_id, s.ordering, s.max_attempts, s.timeout_seconds,
-           COALESCE(s.retry_delays, $11::int[]) AS retry_delays,
-           row_number() OVER (PARTITION BY s.endpoint_id, s.ordering ORDER BY made.ord, s.id) AS nth
+           COALESCE(s.retry_delays, $11::int[]) AS retry_delays
     FROM made
     JOIN unnest($9::int8[], $10::text[]) AS c(ord, pattern) ON c.ord = made.ord
     JOIN subscriptions s ON s.project_id = made.project_id AND s.event_type_pattern = c.pattern
     JOIN endpoints e ON e.id = s.endpoint_id AND e.enabled
     WHERE s.enabled
 ),
-seq AS (
-    -- The numbers follow the Events' order within the batch (`nth`).
-    ",
-    crate::sequence_numbers_cte!("subs"),
-    "
-),
 dl AS (
     INSERT INTO deliveries (id, project_id, event_id, endpoint_id, subscription_id,
-                            max_attempts, retry_delays, timeout_seconds, sequence_number)
+                            max_attempts, retry_delays, timeout_seconds, ordered)
     SELECT railhook_uuid_v7(), subs.project_id, subs.event_id, subs.endpoint_id, subs.id,
-           subs.max_attempts, subs.retry_delays, subs.timeout_seconds,
-           CASE WHEN subs.ordering THEN seq.base + subs.nth END
-    FROM subs LEFT JOIN seq ON seq.id = subs.endpoint_id AND subs.ordering
-    ORDER BY subs.ord, subs.nth
+           subs.max_attempts, subs.retry_delays, subs.timeout_seconds, subs.ordering
+    FROM subs
+    ORDER BY subs.ord, subs.id
     RETURNING id, project_id, event_id, endpoint_id, subscription_id, sequence_number
 ),
 ob AS (

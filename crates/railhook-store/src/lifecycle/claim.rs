@@ -59,13 +59,17 @@ JOIN endpoints ep ON ep.id = c.endpoint_id";
 /// with `synchronous_commit = off` (`set_config(..., true)` is local to that transaction and
 /// read at its commit): the claim's locks are released without waiting for the WAL flush.
 /// `railhook_claim_batch` answers one row per Delivery, so the filter runs for every batch
-/// that wrote anything.
+/// that wrote anything, after the function ran to its end (a PL/pgSQL set-returning
+/// function fills its whole result first). Except a batch that handed out Sequence Numbers
+/// (`railhook.claim_numbered`, migration 0035): it waits for its flush, so a number a
+/// receiver saw is never handed out again after a Postgres crash.
 fn claim_sql(synchronous_commit: bool) -> &'static str {
     if synchronous_commit {
         "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
     } else {
         "SELECT idx, outcome FROM railhook_claim_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-         WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+         WHERE set_config('synchronous_commit', \
+                          CASE WHEN current_setting('railhook.claim_numbered', true) = 'on' THEN 'on' ELSE 'off' END, true) IS NOT NULL"
     }
 }
 

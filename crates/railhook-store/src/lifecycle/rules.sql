@@ -46,7 +46,8 @@
 --
 -- Outcomes per claim: 'claimed', 'claimed:behind' (see the worker's Ordering Buffer below),
 -- 'claimed:gap', 'none' (done, not due, another token), 'missing' (the row is not visible
--- yet: see below), 'busy:<reason>', or the Deferral's reason.
+-- yet, or it is ordered and could not be numbered yet: see below), 'busy:<reason>', or the
+-- Deferral's reason.
 --
 -- p_announced[i]: when the hint's announcement was committed (the relay's `commit_time_us`
 -- header; NULL when unknown, e.g. the polling relay). A hint on the retry path that finds
@@ -109,6 +110,12 @@ DECLARE
     pr_counts integer[] := '{}';
     ep_j integer;
     pr_j integer;
+    lock_ep uuid;
+    locked_eps uuid[] := '{}';
+    unnumbered boolean;
+    to_number boolean := false;
+    first_unseen bigint;
+    numbered integer;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -132,15 +139,61 @@ BEGIN
     LOOP
         PERFORM pg_advisory_xact_lock(k);
     END LOOP;
-    FOR k IN
-        WITH mine AS MATERIALIZED (SELECT dl.endpoint_id, dl.status FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
-        SELECT DISTINCT hashtextextended(mine.endpoint_id::text, 6570) AS key
+    FOR k, lock_ep, unnumbered IN
+        WITH mine AS MATERIALIZED (SELECT dl.endpoint_id, dl.status, dl.ordered AND dl.sequence_number IS NULL AS unnumbered
+                                   FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
+        SELECT hashtextextended(mine.endpoint_id::text, 6570) AS key, mine.endpoint_id, bool_or(mine.unnumbered)
         FROM mine WHERE mine.status = 'PENDING'
+        GROUP BY mine.endpoint_id
         ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
+        locked_eps := locked_eps || lock_ep;
+        to_number := to_number OR unnumbered;
     END LOOP;
 
+    -- Sequence Numbers (migration 0035): the batch's ordered Deliveries that have none yet
+    -- get theirs here, per Endpoint in the batch's order (the hints' order: the relay
+    -- announces in commit order), from endpoints.last_sequence. Only under the Endpoint's
+    -- claim lock (taken above), so no other claim numbers the same rows meanwhile and no
+    -- number is handed out twice or skipped; a rollback takes the numbers back with the
+    -- counter. Nothing after the first hint whose row this snapshot cannot see yet (a hint
+    -- that overtook its commit, 'missing' below): what comes after it waits for it, so
+    -- numbers follow the hints' order. An ordered row left without a number answers
+    -- 'missing' in the loop and is claimed again shortly. A batch that numbered anything
+    -- sets railhook.claim_numbered: its commit waits for the WAL flush even where claims
+    -- commit without (claim.rs), so a number a receiver saw is never handed out again
+    -- after a Postgres crash.
+    IF to_number THEN
+        SELECT min(w.ord) INTO first_unseen FROM unnest(p_deliveries) WITH ORDINALITY AS w(id, ord)
+        WHERE NOT EXISTS (SELECT 1 FROM deliveries dl WHERE dl.id = w.id);
+        WITH want AS (
+            SELECT DISTINCT ON (dl.id) dl.id, dl.endpoint_id, w.ord
+            FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
+            JOIN deliveries dl ON dl.id = w.id
+            WHERE dl.ordered AND dl.sequence_number IS NULL AND dl.status = 'PENDING'
+              AND dl.claim_token IS NOT DISTINCT FROM w.hint
+              AND dl.endpoint_id = ANY (locked_eps)
+              AND (first_unseen IS NULL OR w.ord < first_unseen)
+            ORDER BY dl.id, w.ord
+        ),
+        ranked AS (
+            SELECT want.id, want.endpoint_id, row_number() OVER (PARTITION BY want.endpoint_id ORDER BY want.ord) AS nth FROM want
+        ),
+        seq AS (
+            UPDATE endpoints e SET last_sequence = e.last_sequence + c.n
+            FROM (SELECT ranked.endpoint_id, count(*) AS n FROM ranked GROUP BY ranked.endpoint_id) c
+            WHERE e.id = c.endpoint_id
+            RETURNING e.id, e.last_sequence - c.n AS base
+        )
+        UPDATE deliveries dn SET sequence_number = seq.base + ranked.nth
+        FROM ranked JOIN seq ON seq.id = ranked.endpoint_id
+        WHERE dn.id = ranked.id;
+        GET DIAGNOSTICS numbered = ROW_COUNT;
+        IF numbered > 0 THEN
+            PERFORM set_config('railhook.claim_numbered', 'on', true);
+        END IF;
+    END IF;
 
     FOR i IN 1 .. cardinality(p_deliveries) LOOP
         reason := NULL;
@@ -149,7 +202,7 @@ BEGIN
         ep_enabled := NULL;
         -- A fresh snapshot (VOLATILE, READ COMMITTED): sees every claim committed before the
         -- locks were granted and the earlier claims of this batch.
-        SELECT dl.id, dl.project_id, dl.endpoint_id, dl.sequence_number, dl.parked_at INTO d FROM deliveries dl
+        SELECT dl.id, dl.project_id, dl.endpoint_id, dl.sequence_number, dl.parked_at, dl.ordered INTO d FROM deliveries dl
         WHERE dl.id = p_deliveries[i] AND dl.status = 'PENDING'
           AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
           AND dl.claim_token IS NOT DISTINCT FROM p_hints[i];
@@ -177,6 +230,12 @@ BEGIN
                            AND dl.last_announced_at < p_announced[i]))
               THEN 'none' ELSE 'missing' END;
             RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF d.ordered AND d.sequence_number IS NULL THEN
+            -- Ordered and not numbered above (visible only since, behind an unseen hint, or its
+            -- Endpoint's lock not taken): never sent without its number.
+            idx := i; outcome := 'missing'; RETURN NEXT;
             CONTINUE;
         END IF;
         -- Taken above unless the row became PENDING after that (a release in between):

@@ -1,0 +1,156 @@
+//! Sequence Numbers are handed out by the claim (migration 0035, `railhook_claim_batch` in
+//! `lifecycle/rules.sql`), not by the ingest: ordered ingests to one Endpoint no longer wait
+//! for each other's commits. What the numbers must still be (DESIGN.md 6.5): consecutive per
+//! Endpoint from 1, in the order of the hints (the announcements' order), never burned by a
+//! rollback, never handed out twice, and durable before anyone can send them (the claim that
+//! numbers waits for its WAL flush even where claims do not).
+
+use railhook_core::{ClaimToken, DeliveryId};
+use railhook_store::lifecycle::{self as store, ClaimRequest, ClaimResult, Limits};
+use railhook_testkit::relay::{Fixture, SubscriptionSpec};
+use railhook_testkit::TestDb;
+
+fn limits() -> Limits {
+    Limits { endpoint_concurrency: 0, project_concurrency: 0, project_rate: 0, circuit_cooldown_s: 30.0, probe_timeout_s: 300.0, ordering_gap_s: 60.0, synchronous_commit: false }
+}
+
+fn request(id: &str) -> ClaimRequest {
+    ClaimRequest { delivery: id.parse::<DeliveryId>().unwrap(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None }
+}
+
+/// Hints at Kafka positions in the order given (a batch is decided in its hints' order).
+fn requests<'a>(ids: impl IntoIterator<Item = &'a String>) -> Vec<ClaimRequest> {
+    ids.into_iter().enumerate().map(|(i, id)| ClaimRequest { position: Some((0, i as i64)), ..request(id) }).collect()
+}
+
+/// A fresh database with one ordered Endpoint and one unordered one.
+async fn setup() -> (TestDb, railhook_store::Pool, Fixture, Fixture) {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    let ordered = SubscriptionSpec { ordering: true, ..SubscriptionSpec::default() };
+    let (a, _) = Fixture::create_with(&client, &["http://127.0.0.1:9/ordered".to_string()], &ordered).await;
+    let (b, _) = Fixture::create_with(&client, &["http://127.0.0.1:9/unordered".to_string()], &SubscriptionSpec::default()).await;
+    let pool = railhook_store::build_pool(&railhook_testkit::test_config(&db).database).unwrap();
+    (db, pool, a, b)
+}
+
+/// `(delivery id, sequence number)` of every Delivery, in id order.
+async fn numbers(db: &TestDb) -> Vec<(String, Option<i64>)> {
+    db.client()
+        .await
+        .query("SELECT id, sequence_number FROM deliveries ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (DeliveryId(r.get(0)).to_string(), r.get(1)))
+        .collect()
+}
+
+fn number_of(all: &[(String, Option<i64>)], id: &str) -> Option<i64> {
+    all.iter().find(|(d, _)| d == id).and_then(|(_, n)| *n)
+}
+
+#[tokio::test]
+async fn the_claim_numbers_in_the_hints_order_consecutively_and_once() {
+    let (db, pool, ordered, _) = setup().await;
+    // Twenty ordered ingests at once: none waits for another's number, none gets one.
+    let ingests = (0..20).map(|_| ordered.ingest(&pool, "order.paid"));
+    let ids: Vec<String> = futures::future::join_all(ingests).await.into_iter().flatten().collect();
+    assert_eq!(ids.len(), 20);
+    assert!(numbers(&db).await.iter().all(|(_, n)| n.is_none()), "the ingest hands out no number");
+    let counter = |db: &TestDb| {
+        let db = db.url.clone();
+        async move {
+            let c = railhook_testkit::connect(&db).await.unwrap();
+            c.query_one("SELECT last_sequence FROM endpoints WHERE url LIKE '%/ordered'", &[]).await.unwrap().get::<_, i64>(0)
+        }
+    };
+    assert_eq!(counter(&db).await, 0);
+
+    // Hints in an order of our own (reversed): the numbers follow it, not the ids.
+    let hints: Vec<String> = ids.iter().rev().cloned().collect();
+    let client = pool.get().await.unwrap();
+
+    // A claim that rolls back burns no number.
+    {
+        let mut raw = pool.get().await.unwrap();
+        let tx = raw.transaction().await.unwrap();
+        let reqs = requests(&hints[..5]);
+        let results = store::claim_batch(&tx, &reqs, &limits()).await.unwrap();
+        assert!(results.iter().all(|r| matches!(r, ClaimResult::Claimed(c) if c.sequence_number.is_some())), "{results:?}");
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(counter(&db).await, 0, "a rolled-back claim takes its numbers back");
+    assert!(numbers(&db).await.iter().all(|(_, n)| n.is_none()));
+
+    // The same Delivery hinted twice in one batch takes one number.
+    let reqs = requests(hints[..5].iter().chain([&hints[0]]));
+    let results = store::claim_batch(&client, &reqs, &limits()).await.unwrap();
+    let seqs: Vec<Option<i64>> = results[..5].iter().map(|r| if let ClaimResult::Claimed(c) = r { c.sequence_number } else { None }).collect();
+    assert_eq!(seqs, vec![Some(1), Some(2), Some(3), Some(4), Some(5)], "{results:?}");
+    assert!(matches!(results[5], ClaimResult::Nothing), "the second hint claims nothing: {:?}", results[5]);
+    assert_eq!(counter(&db).await, 5);
+
+    // The rest in batches of four, with the claims of earlier numbers still PROCESSING.
+    for chunk in hints[5..].chunks(4) {
+        let reqs = requests(chunk);
+        for r in store::claim_batch(&client, &reqs, &limits()).await.unwrap() {
+            assert!(matches!(r, ClaimResult::Claimed(_) | ClaimResult::Deferred(_)), "{r:?}");
+        }
+    }
+    let all = numbers(&db).await;
+    let in_hint_order: Vec<Option<i64>> = hints.iter().map(|d| number_of(&all, d)).collect();
+    assert_eq!(in_hint_order, (1..=20).map(Some).collect::<Vec<_>>(), "consecutive from 1, in the hints' order");
+    assert_eq!(counter(&db).await, 20);
+}
+
+#[tokio::test]
+async fn nothing_is_numbered_behind_a_hint_not_visible_yet() {
+    let (db, pool, ordered, unordered) = setup().await;
+    let a = ordered.ingest(&pool, "order.paid").await.remove(0);
+    let b = ordered.ingest(&pool, "order.paid").await.remove(0);
+    let plain = unordered.ingest(&pool, "order.paid").await.remove(0);
+    let client = pool.get().await.unwrap();
+    // A hint whose row this snapshot cannot see (its commit not visible yet), then two
+    // ordered Deliveries and an unordered one.
+    let unseen = DeliveryId::new().to_string();
+    let reqs = requests([&a, &unseen, &b, &plain]);
+    let results = store::claim_batch(&client, &reqs, &limits()).await.unwrap();
+    let ClaimResult::Claimed(first) = &results[0] else { panic!("{:?}", results[0]) };
+    assert_eq!(first.sequence_number, Some(1));
+    assert!(matches!(results[1], ClaimResult::Missing), "{:?}", results[1]);
+    assert!(matches!(results[2], ClaimResult::Missing), "ordered, behind the unseen hint: not numbered, claimed again: {:?}", results[2]);
+    assert!(matches!(&results[3], ClaimResult::Claimed(c) if c.sequence_number.is_none()), "unordered goes: {:?}", results[3]);
+    assert_eq!(number_of(&numbers(&db).await, &b), None);
+    // Claimed again without the unseen hint: the next number.
+    // (Behind the first, which this claimer holds.)
+    let results = store::claim_batch_finishing(&client, &[request(&b)], &limits(), &[], &[first.token]).await.unwrap();
+    assert!(matches!(&results[0], ClaimResult::Claimed(c) if c.sequence_number == Some(2) && c.behind), "{:?}", results[0]);
+}
+
+/// Claims commit without waiting for their WAL flush (`worker.claim_synchronous_commit =
+/// false`), except one that handed out numbers: a number a receiver saw must survive a
+/// Postgres crash, or it could be handed out again to another Event.
+#[tokio::test]
+async fn a_claim_that_numbers_waits_for_its_flush() {
+    let (db, pool, ordered, unordered) = setup().await;
+    let ordered_id = ordered.ingest(&pool, "order.paid").await.remove(0);
+    let plain = unordered.ingest(&pool, "order.paid").await.remove(0);
+    let mut raw = pool.get().await.unwrap();
+    for (id, expected) in [(&plain, "off"), (&ordered_id, "on")] {
+        let tx = raw.transaction().await.unwrap();
+        let results = store::claim_batch(&tx, &[request(id)], &limits()).await.unwrap();
+        assert!(matches!(results[0], ClaimResult::Claimed(_)), "{results:?}");
+        let mode: String = tx.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+        assert_eq!(mode, expected, "the claim of {id} commits with synchronous_commit = {expected}");
+        tx.commit().await.unwrap();
+    }
+    // Numbered already: claimed again (a retry), it numbers nothing and commits without.
+    db.client().await.execute("UPDATE deliveries SET status = 'PENDING', claim_token = NULL WHERE sequence_number IS NOT NULL", &[]).await.unwrap();
+    let tx = raw.transaction().await.unwrap();
+    let results = store::claim_batch(&tx, &[request(&ordered_id)], &limits()).await.unwrap();
+    assert!(matches!(&results[0], ClaimResult::Claimed(c) if c.sequence_number == Some(1)), "{results:?}");
+    let mode: String = tx.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+    assert_eq!(mode, "off");
+    tx.commit().await.unwrap();
+}
