@@ -114,7 +114,6 @@ DECLARE
     locked_eps uuid[] := '{}';
     unnumbered boolean;
     to_number boolean := false;
-    first_unseen bigint;
     numbered integer;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
@@ -165,17 +164,27 @@ BEGIN
     -- commit without (claim.rs), so a number a receiver saw is never handed out again
     -- after a Postgres crash.
     IF to_number THEN
-        SELECT min(w.ord) INTO first_unseen FROM unnest(p_deliveries) WITH ORDINALITY AS w(id, ord)
-        WHERE NOT EXISTS (SELECT 1 FROM deliveries dl WHERE dl.id = w.id);
-        WITH want AS (
-            SELECT DISTINCT ON (dl.id) dl.id, dl.endpoint_id, w.ord
-            FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
-            JOIN deliveries dl ON dl.id = w.id
-            WHERE dl.ordered AND dl.sequence_number IS NULL AND dl.status = 'PENDING'
-              AND dl.claim_token IS NOT DISTINCT FROM w.hint
-              AND dl.endpoint_id = ANY (locked_eps)
-              AND (first_unseen IS NULL OR w.ord < first_unseen)
-            ORDER BY dl.id, w.ord
+        -- The batch's rows by primary key alone (MATERIALIZED, as the lock reads above): a
+        -- plan through deliveries_endpoint_idx (`sequence_number IS NULL`) would read every
+        -- unordered Delivery of the Endpoint, and every entry a numbering left dead.
+        WITH w AS MATERIALIZED (
+            SELECT * FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
+        ),
+        cand AS MATERIALIZED (
+            SELECT dl.id, dl.endpoint_id, dl.ordered, dl.sequence_number, dl.status, dl.claim_token
+            FROM deliveries dl WHERE dl.id = ANY (p_deliveries)
+        ),
+        unseen AS (
+            SELECT min(w.ord) AS ord FROM w LEFT JOIN cand ON cand.id = w.id WHERE cand.id IS NULL
+        ),
+        want AS (
+            SELECT DISTINCT ON (cand.id) cand.id, cand.endpoint_id, w.ord
+            FROM w JOIN cand ON cand.id = w.id
+            WHERE cand.ordered AND cand.sequence_number IS NULL AND cand.status = 'PENDING'
+              AND cand.claim_token IS NOT DISTINCT FROM w.hint
+              AND cand.endpoint_id = ANY (locked_eps)
+              AND w.ord < coalesce((SELECT unseen.ord FROM unseen), 9223372036854775807)
+            ORDER BY cand.id, w.ord
         ),
         ranked AS (
             SELECT want.id, want.endpoint_id, row_number() OVER (PARTITION BY want.endpoint_id ORDER BY want.ord) AS nth FROM want
