@@ -154,3 +154,45 @@ async fn a_claim_that_numbers_waits_for_its_flush() {
     assert_eq!(mode, "off");
     tx.commit().await.unwrap();
 }
+
+/// The numbering changes no indexed column of `deliveries` (migration 0036): its UPDATE, and
+/// the claim's after it, are HOT; the Ordering Buffer finds a number through
+/// `delivery_sequence`.
+#[tokio::test]
+async fn numbering_is_a_hot_update_and_indexed_beside() {
+    let (db, pool, ordered, _) = setup().await;
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.extend(ordered.ingest(&pool, "order.paid").await);
+    }
+    let client = pool.get().await.unwrap();
+    let counters = |db: &TestDb| {
+        let url = db.url.clone();
+        async move {
+            let c = railhook_testkit::connect(&url).await.unwrap();
+            c.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+            let r = c.query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'", &[]).await.unwrap();
+            (r.get::<_, i64>(0), r.get::<_, i64>(1))
+        }
+    };
+    client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    let before = counters(&db).await;
+    let results = store::claim_batch(&client, &requests(&ids), &limits()).await.unwrap();
+    assert!(results.iter().all(|r| matches!(r, ClaimResult::Claimed(_))), "{results:?}");
+    client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    let after = counters(&db).await;
+    let (updates, hot) = (after.0 - before.0, after.1 - before.1);
+    assert_eq!(updates, 20, "a numbering and a claim per Delivery");
+    assert_eq!(hot, updates, "every one HOT");
+    let indexed: Vec<(i64, String)> = db
+        .client()
+        .await
+        .query("SELECT q.sequence_number, q.delivery_id::text FROM delivery_sequence q ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expected: Vec<(i64, String)> = ids.iter().enumerate().map(|(i, d)| (i as i64 + 1, d.parse::<DeliveryId>().unwrap().0.to_string())).collect();
+    assert_eq!(indexed, expected, "each number indexed with its Delivery");
+}

@@ -194,10 +194,19 @@ BEGIN
             FROM (SELECT ranked.endpoint_id, count(*) AS n FROM ranked GROUP BY ranked.endpoint_id) c
             WHERE e.id = c.endpoint_id
             RETURNING e.id, e.last_sequence - c.n AS base
+        ),
+        numbers AS (
+            SELECT ranked.id, ranked.endpoint_id, seq.base + ranked.nth AS n FROM ranked JOIN seq ON seq.id = ranked.endpoint_id
+        ),
+        -- The Ordering Buffer's index (migration 0036): `deliveries` indexes no column set
+        -- here, so the UPDATE below is HOT.
+        indexed AS (
+            INSERT INTO delivery_sequence (endpoint_id, sequence_number, delivery_id)
+            SELECT numbers.endpoint_id, numbers.n, numbers.id FROM numbers
         )
-        UPDATE deliveries dn SET sequence_number = seq.base + ranked.nth
-        FROM ranked JOIN seq ON seq.id = ranked.endpoint_id
-        WHERE dn.id = ranked.id;
+        UPDATE deliveries dn SET sequence_number = numbers.n
+        FROM numbers
+        WHERE dn.id = numbers.id;
         GET DIAGNOSTICS numbered = ROW_COUNT;
         IF numbered > 0 THEN
             PERFORM set_config('railhook.claim_numbered', 'on', true);
@@ -268,8 +277,9 @@ BEGIN
         behind := false;
         ordering_busy := false;
         IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
-            SELECT p.status, p.parked_at, p.claim_token, p.next_retry_at INTO pred_status, pred_parked, pred_token, pred_next FROM deliveries p
-            WHERE p.endpoint_id = d.endpoint_id AND p.sequence_number = d.sequence_number - 1;
+            SELECT p.status, p.parked_at, p.claim_token, p.next_retry_at INTO pred_status, pred_parked, pred_token, pred_next
+            FROM delivery_sequence q JOIN deliveries p ON p.id = q.delivery_id
+            WHERE q.endpoint_id = d.endpoint_id AND q.sequence_number = d.sequence_number - 1;
             IF FOUND AND pred_status = 'PROCESSING'
                AND (pred_token = ANY (p_mine) OR pred_token = ANY (p_tokens[1:i - 1])) THEN
                 -- Held by this worker behind its own predecessor (the Ordering Buffer above).
@@ -467,8 +477,9 @@ BEGIN
         parked_at = coalesce(d.parked_at, now()),
         next_retry_at = CASE
             -- The predecessor ended meanwhile (its finalise found nothing parked to release).
-            WHEN EXISTS (SELECT 1 FROM deliveries p WHERE p.endpoint_id = d.endpoint_id
-                         AND p.sequence_number = d.sequence_number - 1 AND p.status IN ('SUCCESS', 'FAILED'))
+            WHEN EXISTS (SELECT 1 FROM delivery_sequence q JOIN deliveries p ON p.id = q.delivery_id
+                         WHERE q.endpoint_id = d.endpoint_id AND q.sequence_number = d.sequence_number - 1
+                           AND p.status IN ('SUCCESS', 'FAILED'))
             THEN now()
             ELSE coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s) END
     WHERE d.id = p_delivery AND d.claim_token = p_token AND d.status = 'PROCESSING';
@@ -604,7 +615,9 @@ BEGIN
         ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
         WHERE o.cursor < excluded.cursor;
         UPDATE deliveries s SET next_retry_at = now(), updated_at = now()
-        WHERE s.endpoint_id = ended.endpoint_id AND s.sequence_number = ended.sequence_number + 1
+        FROM delivery_sequence q
+        WHERE q.endpoint_id = ended.endpoint_id AND q.sequence_number = ended.sequence_number + 1
+          AND s.id = q.delivery_id
           AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
         RETURNING s.id INTO rel;
         freed[ended.n] := rel;
