@@ -20,6 +20,7 @@ SELECT endpoint_id, sequence_number, id FROM deliveries WHERE sequence_number IS
 ON CONFLICT DO NOTHING;
 
 -- An Endpoint's Deliveries (the deletes of migration 0027) by Endpoint alone.
-CREATE INDEX deliveries_endpoint_only_idx ON deliveries (endpoint_id);
+-- IF NOT EXISTS: on a large database the index may be built CONCURRENTLY beforehand (RUNBOOK.md).
+CREATE INDEX IF NOT EXISTS deliveries_endpoint_only_idx ON deliveries (endpoint_id);
 DROP INDEX deliveries_endpoint_idx;
 ALTER INDEX deliveries_endpoint_only_idx RENAME TO deliveries_endpoint_idx;
