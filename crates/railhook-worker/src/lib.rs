@@ -448,13 +448,7 @@ async fn attempt_task(
         }
     };
     let sent_events = events.clone();
-    // Told once the request ended, or already when an ordered Delivery was claimed behind its
-    // predecessor (`Runner::run`): the slot frees once.
-    let sent_told = std::sync::atomic::AtomicBool::new(false);
     let sent = || {
-        if sent_told.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
         past_claim.leave();
         if sent_events.try_send(TaskEvent::Sent { endpoint }).is_ok() {
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -112,8 +112,7 @@ pub struct Runner {
 /// out of the concurrency counts (`claim_batch_finishing`), so a slot covers the claim and
 /// the request, not the finalise. A Claim is added only after its request ended and removed
 /// once its finalise is over (or has given up), so the claim never leaves out a request in
-/// flight; and, before its request, while an ordered Delivery waits in the Ordering Buffer
-/// behind its predecessor (removed before it is sent). At most `worker.max_in_flight` entries.
+/// flight. At most `worker.max_in_flight` entries.
 #[derive(Clone, Default)]
 pub struct Finishing(Arc<std::sync::Mutex<std::collections::HashSet<ClaimToken>>>);
 
@@ -303,11 +302,7 @@ impl Runner {
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
     /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
     /// once the request has ended, before the finalise (the Endpoint's slot is free then; see
-    /// [`Finishing`]); never if no request was made. An ordered Delivery claimed behind its
-    /// predecessor tells it already when its claim answered: while it waits in the Ordering
-    /// Buffer it uses no connection of the receiver (its predecessor's request is the
-    /// Endpoint's one in flight), so it holds no slot and is out of the concurrency counts,
-    /// and its own request later takes none: `sent_tx` may be told twice and must count once.
+    /// [`Finishing`]); never if no request was made.
     ///
     /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
     /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
@@ -315,7 +310,7 @@ impl Runner {
     ///
     /// Traces (issue 33): with the hint's trace context, the claim, the Attempt and the
     /// finalise are spans, children of that context in this order; untraced hints make none.
-    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl Fn(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let trace = hint.trace.clone();
         let claim_span = match &trace {
             None => tracing::Span::none(),
@@ -371,18 +366,10 @@ impl Runner {
         }
         // One claimed behind its predecessor waits for that one's verdict before it is sent.
         if let (true, Some(seq)) = (claimed.behind, claimed.sequence_number) {
-            // Waiting, it uses no connection of the receiver: its slot frees and the claim
-            // leaves it out of the concurrency counts (as a finishing Claim) until it is
-            // sent. So an ordered Endpoint's claims ahead are not capped by
-            // `worker.endpoint_concurrency`, whose slots bound requests in flight, and a claim
-            // batch takes every hint queued behind it (`worker.max_in_flight` bounds them).
-            let waiting = self.finishing.enter(claimed.token);
-            sent_tx();
             let resolution = tokio::select! {
                 r = self.ordering.wait(claimed.endpoint_id, seq - 1, self.settings.ordering_wait) => r,
                 _ = hard_stop.cancelled() => Resolution::Stop,
             };
-            drop(waiting);
             if resolution == Resolution::Stop {
                 // Parked in Postgres, as a claim would have parked it; `held` drops with
                 // `Stop` for whatever this worker holds behind it.
@@ -400,7 +387,7 @@ impl Runner {
         if let Some(parked) = claimed.parked_at {
             self.metrics.ordering_parked_seconds.observe((self.clock.now() - parked).to_std().unwrap_or_default().as_secs_f64());
         }
-        self.attempt(claimed, claim_done, held, &sent_tx, &hard_stop, trace.as_ref()).await
+        self.attempt(claimed, claim_done, held, sent_tx, &hard_stop, trace.as_ref()).await
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
@@ -457,7 +444,7 @@ impl Runner {
     /// `trace`: the hint's trace context. The Attempt span (a client span) is its child; the
     /// receiver gets `traceparent` (and `tracestate`) naming that span, or with export off
     /// the context as it came (the W3C pass-through).
-    async fn attempt(&self, claimed: Claimed, claim_done: Instant, mut held: Option<Held>, sent_tx: &impl Fn(), hard_stop: &CancellationToken, trace: Option<&TraceContext>) -> Result<Outcome, WorkerError> {
+    async fn attempt(&self, claimed: Claimed, claim_done: Instant, mut held: Option<Held>, sent_tx: impl FnOnce(), hard_stop: &CancellationToken, trace: Option<&TraceContext>) -> Result<Outcome, WorkerError> {
         let mut request = self.request(&claimed);
         let attempt_span = match trace {
             None => tracing::Span::none(),
