@@ -202,6 +202,9 @@ enum TaskEvent {
     Claimed { partition: i32, offset: i64 },
     /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
     Sent { endpoint: EndpointId },
+    /// The task's Delivery was claimed behind its predecessor: the Endpoint is ordered
+    /// (`queues::EndpointQueues::ordered`).
+    Ordered { endpoint: EndpointId },
     /// The task ended; `busy` returns its hint to the Endpoint's queue. Otherwise its claim
     /// step is over too (told again here in case `Claimed` did not fit in the channel).
     /// `slot_freed`: `Sent` was told, so the Endpoint's slot is free already.
@@ -273,6 +276,11 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
+            TaskEvent::Ordered { endpoint } => {
+                if self.queues.ordered(endpoint) {
+                    self.pump(endpoint, tokio::time::Instant::now());
+                }
+            }
             TaskEvent::Sent { endpoint } => {
                 let now = tokio::time::Instant::now();
                 self.queues.sent(endpoint);
@@ -454,7 +462,11 @@ async fn attempt_task(
             slot_freed.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     };
-    let (busy, released) = match runner.run(queued.hint.clone(), queued.received, mode, notify, sent, hard_stop).await {
+    let ordered_events = events.clone();
+    let behind = || {
+        let _ = ordered_events.try_send(TaskEvent::Ordered { endpoint });
+    };
+    let (busy, released) = match runner.run(queued.hint.clone(), queued.received, mode, notify, behind, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
@@ -519,7 +531,7 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
         TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: Some((partition, offset)), busy: None, .. } => offsets.done(partition, offset),
         // A hint given back while stopping stays unclaimed: its offset is not stored. A
         // released successor not claimed now is due: the scheduler announces it.
-        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } => {}
+        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } | TaskEvent::Ordered { .. } => {}
     };
     while !tasks.is_empty() {
         tokio::select! {

@@ -159,7 +159,20 @@ struct Endpoint {
     /// end (per second, a moving average of the measures): how fast its queue drains.
     sent: u32,
     drain_per_s: f64,
+    /// A claim of it came back behind a predecessor this worker holds (an ordered Endpoint,
+    /// [`EndpointQueues::ordered`]): its hints run up to [`ORDERED_AHEAD`] at once. Forgotten
+    /// when it goes idle (its state is dropped).
+    ordered: bool,
 }
+
+/// The tasks an ordered Endpoint may run at once when `worker.endpoint_concurrency` is
+/// lower: a claim batch's worth. Its Deliveries claimed behind a predecessor wait in the
+/// Ordering Buffer without using a connection of the receiver (one request of an ordered
+/// Endpoint is in flight at a time; the claim neither checks nor counts them against the
+/// concurrency limits), so the limit on requests would only cap its claims ahead: the claims
+/// of one Endpoint go one batch at a time, and a batch was about half its slots (4.9 of 10).
+/// Still a cap: a slow ordered Endpoint holds at most this many of `worker.max_in_flight`.
+pub const ORDERED_AHEAD: usize = crate::runner::BATCH;
 
 impl Endpoint {
     fn idle(&self) -> bool {
@@ -202,6 +215,19 @@ impl EndpointQueues {
             backlog: VecDeque::new(),
             project_blocked: VecDeque::new(),
             measured: None,
+        }
+    }
+
+    /// A claim of `endpoint` came back behind a predecessor this worker holds
+    /// (`TaskEvent::Ordered`): from now on (until it goes idle) it runs up to
+    /// [`ORDERED_AHEAD`] hints at once. Returns whether that gave it more room (pump it).
+    pub fn ordered(&mut self, endpoint: EndpointId) -> bool {
+        match self.endpoints.get_mut(&endpoint) {
+            Some(e) if !e.ordered => {
+                e.ordered = true;
+                self.limits.running_per_endpoint != 0 && self.limits.running_per_endpoint < ORDERED_AHEAD
+            }
+            _ => false,
         }
     }
 
@@ -398,7 +424,12 @@ impl EndpointQueues {
     }
 
     fn may_run(limits: &QueueLimits, e: &Endpoint, now: Instant) -> bool {
-        let slot = limits.running_per_endpoint == 0 || e.running < limits.running_per_endpoint;
+        let cap = match limits.running_per_endpoint {
+            0 => 0,
+            n if e.ordered => n.max(ORDERED_AHEAD),
+            n => n,
+        };
+        let slot = cap == 0 || e.running < cap;
         slot && e.paused_until.is_none_or(|until| until <= now)
     }
 
@@ -443,6 +474,33 @@ mod tests {
         q.finished(a, None, now);
         assert_eq!(q.ready(a, 1, now).len(), 1, "the budget (free permits) bounds what starts");
         assert_eq!(q.waiting(), 1);
+    }
+
+    #[test]
+    fn an_ordered_endpoint_runs_a_claim_batch_ahead_and_no_more() {
+        let now = Instant::now();
+        let (a, b) = (EndpointId::new(), EndpointId::new());
+        let mut q = EndpointQueues::new(limits(2, 1_000, 1_000));
+        let first: Vec<_> = (0..200).filter_map(|o| q.offer(a, hint(o), now)).collect();
+        assert_eq!(first.len(), 2, "the request slots until a claim comes back behind");
+        assert!(q.ordered(a), "more room: pump it");
+        assert!(!q.ordered(a), "told once");
+        let ahead = q.ready(a, 1_000, now);
+        assert_eq!(ahead.len(), ORDERED_AHEAD - 2, "a claim batch's worth at once, in order");
+        assert_eq!(ahead[0].queued.place.unwrap().1, 2);
+        assert!(q.ready(a, 1_000, now).is_empty(), "and no more: a slow ordered Endpoint holds at most ORDERED_AHEAD tasks");
+        // Another Endpoint keeps its request slots.
+        assert_eq!((0..5).filter_map(|o| q.offer(b, hint(o), now)).count(), 2);
+        // Idle, the Endpoint is forgotten, and ordered with it.
+        let c = EndpointId::new();
+        assert_eq!((0..2).filter_map(|o| q.offer(c, hint(o), now)).count(), 2);
+        assert!(q.ordered(c));
+        q.finished(c, None, now);
+        q.finished(c, None, now);
+        assert!(q.ready(c, 10, now).is_empty(), "nothing waits: idle, dropped");
+        assert_eq!((0..5).filter_map(|o| q.offer(c, hint(o), now)).count(), 2, "its request slots again");
+        let unlimited = EndpointQueues::new(limits(0, 10, 10)).ordered(a);
+        assert!(!unlimited, "no limit: nothing to raise");
     }
 
     #[test]

@@ -112,7 +112,8 @@ pub struct Runner {
 /// out of the concurrency counts (`claim_batch_finishing`), so a slot covers the claim and
 /// the request, not the finalise. A Claim is added only after its request ended and removed
 /// once its finalise is over (or has given up), so the claim never leaves out a request in
-/// flight. At most `worker.max_in_flight` entries.
+/// flight; and, before its request, while an ordered Delivery waits in the Ordering Buffer
+/// behind its predecessor (removed before it is sent). At most `worker.max_in_flight` entries.
 #[derive(Clone, Default)]
 pub struct Finishing(Arc<std::sync::Mutex<std::collections::HashSet<ClaimToken>>>);
 
@@ -302,7 +303,8 @@ impl Runner {
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
     /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
     /// once the request has ended, before the finalise (the Endpoint's slot is free then; see
-    /// [`Finishing`]); never if no request was made.
+    /// [`Finishing`]); never if no request was made. `behind_tx` is told when the Delivery
+    /// was claimed behind its predecessor (the Endpoint is ordered: `queues::ORDERED_AHEAD`).
     ///
     /// `received`: when the hint's Kafka message arrived, for the `poll_to_claim` latency
     /// stage (`railhook_telemetry::stages`; the Attempt's own stages are observed in
@@ -310,7 +312,7 @@ impl Runner {
     ///
     /// Traces (issue 33): with the hint's trace context, the claim, the Attempt and the
     /// finalise are spans, children of that context in this order; untraced hints make none.
-    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), behind_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let trace = hint.trace.clone();
         let claim_span = match &trace {
             None => tracing::Span::none(),
@@ -366,10 +368,16 @@ impl Runner {
         }
         // One claimed behind its predecessor waits for that one's verdict before it is sent.
         if let (true, Some(seq)) = (claimed.behind, claimed.sequence_number) {
+            // Waiting, it uses no connection of the receiver: the claim leaves it out of the
+            // concurrency counts (as a finishing Claim) until it is sent, and the Endpoint's
+            // queue lets its claims run ahead of its request slots (`queues::ORDERED_AHEAD`).
+            let waiting = self.finishing.enter(claimed.token);
+            behind_tx();
             let resolution = tokio::select! {
                 r = self.ordering.wait(claimed.endpoint_id, seq - 1, self.settings.ordering_wait) => r,
                 _ = hard_stop.cancelled() => Resolution::Stop,
             };
+            drop(waiting);
             if resolution == Resolution::Stop {
                 // Parked in Postgres, as a claim would have parked it; `held` drops with
                 // `Stop` for whatever this worker holds behind it.

@@ -180,6 +180,54 @@ async fn an_ordered_burst_is_held_in_the_worker_and_sent_in_order() {
     sys.stop().await;
 }
 
+/// An ordered Delivery waiting in the Ordering Buffer behind its predecessor uses no
+/// connection of the receiver: the claim neither checks nor counts it against the concurrency
+/// limits, and once an Endpoint's claims come back behind, the worker lets them run a claim
+/// batch ahead of its request slots (`worker.endpoint_concurrency`, 2 here;
+/// `queues::ORDERED_AHEAD`). While the first request of a burst is held at the receiver, far
+/// more than two of the Endpoint's Deliveries are claimed ahead, with no Deferral and no busy
+/// claim; the receiver still sees one request at a time, in order. (Before, the slots capped
+/// the claims in flight, and a claim batch was about half of them.)
+#[tokio::test]
+async fn an_ordered_endpoint_claims_ahead_of_its_request_slots() {
+    let (receiver, base) = Receiver::start(|_, n| if n == 0 { Act::Slow(Duration::from_secs(4), 200) } else { Act::Status(200) }).await;
+    let sys = System::start(|c| {
+        c.worker.endpoint_concurrency = 2;
+        c.worker.ordering_gap_timeout_seconds = 600;
+    })
+    .await;
+    let (fixture, _) = Fixture::create_with(&sys.client, &[format!("{base}/slots")], &ordered(&[1], 5)).await;
+    let endpoint = fixture.endpoints[0].0;
+    let mut deliveries = Vec::new();
+    for _ in 0..20 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.updated").await);
+    }
+    // While the first request is held (4 s), the rest is claimed behind it.
+    let claimed = eventually(Duration::from_secs(30), "most of the burst claimed behind the held request", || async {
+        let n: i64 = sys
+            .client
+            .query_one("SELECT count(*) FROM deliveries WHERE endpoint_id = $1 AND status = 'PROCESSING'", &[&endpoint])
+            .await
+            .unwrap()
+            .get(0);
+        (n >= 10).then_some(n)
+    })
+    .await;
+    assert_eq!(receiver.hits("/slots").len(), 1, "nothing sent past the held request");
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let order = applied(&receiver, "/slots", &HashSet::new());
+    assert_eq!(order, (1..=20).collect::<Vec<u64>>(), "applied in order, each once");
+    assert_eq!(receiver.concurrency("/slots").1, 1, "one request at a time");
+    let m = &sys.worker.metrics;
+    assert_eq!(m.deferrals.with_label_values(&["endpoint_concurrency"]).get(), 0);
+    assert_eq!(m.deferrals.with_label_values(&["ordering"]).get(), 0);
+    assert_eq!(m.claims_busy.with_label_values(&["endpoint_concurrency"]).get(), 0, "the claims ahead were not counted");
+    eprintln!("claimed ahead of one held request with 2 slots: {claimed}");
+    sys.stop().await;
+}
+
 /// Two workers: a second one joins in the middle of an ordered burst, the consumer group
 /// rebalances and the Endpoint's partition may move between them; the first then stops. The
 /// receiver still applies 1..n in order (the order is decided in Postgres, under the

@@ -313,10 +313,13 @@ BEGIN
             defer_until := c_until;
         END IF;
 
-        -- Concurrency (counted once per batch, see ep_counts).
+        -- Concurrency (counted once per batch, see ep_counts). A Delivery claimed behind its
+        -- predecessor uses no connection of the receiver while it waits in the worker (which
+        -- leaves it out of the counts through p_finishing until it is sent, and then its
+        -- predecessor's request is over): neither checked nor counted.
         ep_j := NULL;
         pr_j := NULL;
-        IF reason IS NULL AND p_endpoint_concurrency > 0 THEN
+        IF reason IS NULL AND NOT behind AND p_endpoint_concurrency > 0 THEN
             ep_j := array_position(ep_keys, d.endpoint_id);
             IF ep_j IS NULL THEN
                 -- The Claims' rows (migration 0032), each checked against its Delivery, so
@@ -334,7 +337,7 @@ BEGIN
                 defer_until := now() + interval '1 second';
             END IF;
         END IF;
-        IF reason IS NULL AND p_project_concurrency > 0 THEN
+        IF reason IS NULL AND NOT behind AND p_project_concurrency > 0 THEN
             pr_j := array_position(pr_keys, d.project_id);
             IF pr_j IS NULL THEN
                 SELECT count(*) INTO n FROM delivery_claims c
@@ -407,13 +410,18 @@ BEGIN
             CONTINUE;
         END IF;
         -- This claim counts against both limits for the rest of the batch. (A count not read
-        -- yet will see it: the counting query's snapshot includes this transaction's writes.)
-        IF ep_j IS NOT NULL THEN
+        -- yet will see it: the counting query's snapshot includes this transaction's writes;
+        -- a Delivery claimed behind is left out of it only by p_finishing, in later batches.)
+        IF behind THEN
+            NULL;
+        ELSIF ep_j IS NOT NULL THEN
             ep_counts[ep_j] := ep_counts[ep_j] + 1;
         ELSIF array_position(ep_keys, d.endpoint_id) IS NOT NULL THEN
             ep_counts[array_position(ep_keys, d.endpoint_id)] := ep_counts[array_position(ep_keys, d.endpoint_id)] + 1;
         END IF;
-        IF pr_j IS NOT NULL THEN
+        IF behind THEN
+            NULL;
+        ELSIF pr_j IS NOT NULL THEN
             pr_counts[pr_j] := pr_counts[pr_j] + 1;
         ELSIF array_position(pr_keys, d.project_id) IS NOT NULL THEN
             pr_counts[array_position(pr_keys, d.project_id)] := pr_counts[array_position(pr_keys, d.project_id)] + 1;
