@@ -221,7 +221,9 @@ pub struct WorkerConfig {
     pub shutdown_grace_ms: u64,
     /// Requests in flight at once per endpoint, across all worker processes (0: no limit): a
     /// Claim counts from the claim to the end of its request, not while its finalise is
-    /// written.
+    /// written, nor while an ordered Delivery waits in the worker behind its predecessor (an
+    /// Endpoint seen to be ordered runs up to 64 claims at once in a worker when this is
+    /// lower).
     pub endpoint_concurrency: i32,
     /// Requests in flight at once per project, across all worker processes (0: no limit),
     /// counted the same way.
