@@ -499,8 +499,9 @@ mod tests {
         q.finished(c, None, now);
         assert!(q.ready(c, 10, now).is_empty(), "nothing waits: idle, dropped");
         assert_eq!((0..5).filter_map(|o| q.offer(c, hint(o), now)).count(), 2, "its request slots again");
-        let unlimited = EndpointQueues::new(limits(0, 10, 10)).ordered(a);
-        assert!(!unlimited, "no limit: nothing to raise");
+        let mut unlimited = EndpointQueues::new(limits(0, 10, 10));
+        assert!(unlimited.offer(a, hint(0), now).is_some());
+        assert!(!unlimited.ordered(a), "no limit: nothing to raise");
     }
 
     #[test]

@@ -412,19 +412,17 @@ BEGIN
         -- This claim counts against both limits for the rest of the batch. (A count not read
         -- yet will see it: the counting query's snapshot includes this transaction's writes;
         -- a Delivery claimed behind is left out of it only by p_finishing, in later batches.)
-        IF behind THEN
-            NULL;
-        ELSIF ep_j IS NOT NULL THEN
-            ep_counts[ep_j] := ep_counts[ep_j] + 1;
-        ELSIF array_position(ep_keys, d.endpoint_id) IS NOT NULL THEN
-            ep_counts[array_position(ep_keys, d.endpoint_id)] := ep_counts[array_position(ep_keys, d.endpoint_id)] + 1;
-        END IF;
-        IF behind THEN
-            NULL;
-        ELSIF pr_j IS NOT NULL THEN
-            pr_counts[pr_j] := pr_counts[pr_j] + 1;
-        ELSIF array_position(pr_keys, d.project_id) IS NOT NULL THEN
-            pr_counts[array_position(pr_keys, d.project_id)] := pr_counts[array_position(pr_keys, d.project_id)] + 1;
+        IF NOT behind THEN
+            IF ep_j IS NOT NULL THEN
+                ep_counts[ep_j] := ep_counts[ep_j] + 1;
+            ELSIF array_position(ep_keys, d.endpoint_id) IS NOT NULL THEN
+                ep_counts[array_position(ep_keys, d.endpoint_id)] := ep_counts[array_position(ep_keys, d.endpoint_id)] + 1;
+            END IF;
+            IF pr_j IS NOT NULL THEN
+                pr_counts[pr_j] := pr_counts[pr_j] + 1;
+            ELSIF array_position(pr_keys, d.project_id) IS NOT NULL THEN
+                pr_counts[array_position(pr_keys, d.project_id)] := pr_counts[array_position(pr_keys, d.project_id)] + 1;
+            END IF;
         END IF;
 
         IF ep_rate IS NOT NULL AND ep_rate > 0 THEN
