@@ -143,6 +143,9 @@ async fn a_claim_that_numbers_waits_for_its_flush() {
         assert!(matches!(results[0], ClaimResult::Claimed(_)), "{results:?}");
         let mode: String = tx.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
         assert_eq!(mode, expected, "the claim of {id} commits with synchronous_commit = {expected}");
+        // The claim's generic plans (rules.sql) end with it, and leave the flag above alone.
+        let plans: String = tx.query_one("SHOW plan_cache_mode", &[]).await.unwrap().get(0);
+        assert_eq!(plans, "auto", "the claim puts plan_cache_mode back");
         tx.commit().await.unwrap();
     }
     // Numbered already: claimed again (a retry), it numbers nothing and commits without.
@@ -155,9 +158,9 @@ async fn a_claim_that_numbers_waits_for_its_flush() {
     tx.commit().await.unwrap();
 }
 
-/// The numbering changes no indexed column of `deliveries` (migration 0036): its UPDATE, and
-/// the claim's after it, are HOT; the Ordering Buffer finds a number through
-/// `delivery_sequence`.
+/// The numbering changes no indexed column of `deliveries` (migration 0036), and the claim's
+/// own UPDATE writes the number (issue 30): one HOT update per claimed Delivery, no second row
+/// version; the Ordering Buffer finds a number through `delivery_sequence`.
 #[tokio::test]
 async fn numbering_is_a_hot_update_and_indexed_beside() {
     let (db, pool, ordered, _) = setup().await;
@@ -182,7 +185,7 @@ async fn numbering_is_a_hot_update_and_indexed_beside() {
     client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
     let after = counters(&db).await;
     let (updates, hot) = (after.0 - before.0, after.1 - before.1);
-    assert_eq!(updates, 20, "a numbering and a claim per Delivery");
+    assert_eq!(updates, 10, "one UPDATE per Delivery: the claim's, with its number");
     assert_eq!(hot, updates, "every one HOT");
     let indexed: Vec<(i64, String)> = db
         .client()
@@ -195,4 +198,39 @@ async fn numbering_is_a_hot_update_and_indexed_beside() {
         .collect();
     let expected: Vec<(i64, String)> = ids.iter().enumerate().map(|(i, d)| (i as i64 + 1, d.parse::<DeliveryId>().unwrap().0.to_string())).collect();
     assert_eq!(indexed, expected, "each number indexed with its Delivery");
+}
+
+/// A number handed out is written to its row whatever the claim then decides: the claim's
+/// UPDATE carries it, a Deferral's too, and a row the batch left alone (a busy answer in the
+/// waiting mode writes nothing) gets it at the end. Never a number in `delivery_sequence`
+/// that its row lacks.
+#[tokio::test]
+async fn a_number_handed_out_reaches_its_row_when_the_claim_does_not_take_it() {
+    let (db, pool, ordered, _) = setup().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.extend(ordered.ingest(&pool, "order.paid").await);
+    }
+    // One request a second to the Endpoint: the first claim takes the window, the next one
+    // in the waiting mode answers busy (nothing written), the last two are Deferrals.
+    db.client().await.execute("UPDATE endpoints SET rate_limit_per_second = 1 WHERE url LIKE '%/ordered'", &[]).await.unwrap();
+    let client = pool.get().await.unwrap();
+    let mut reqs = requests(&ids);
+    reqs[1].wait = true;
+    let results = store::claim_batch(&client, &reqs, &limits()).await.unwrap();
+    assert!(matches!(&results[0], ClaimResult::Claimed(c) if c.sequence_number == Some(1)), "{:?}", results[0]);
+    assert!(matches!(results[1], ClaimResult::Busy(_)), "{:?}", results[1]);
+    assert!(matches!(results[2], ClaimResult::Deferred(_)), "{:?}", results[2]);
+    assert!(matches!(results[3], ClaimResult::Deferred(_)), "{:?}", results[3]);
+    let all = numbers(&db).await;
+    let got: Vec<Option<i64>> = ids.iter().map(|d| number_of(&all, d)).collect();
+    assert_eq!(got, vec![Some(1), Some(2), Some(3), Some(4)], "every number handed out is on its row");
+    let indexed: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM delivery_sequence q JOIN deliveries d ON d.id = q.delivery_id AND d.sequence_number = q.sequence_number", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(indexed, 4, "delivery_sequence and the rows agree");
 }

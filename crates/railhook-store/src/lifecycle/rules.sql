@@ -114,7 +114,13 @@ DECLARE
     locked_eps uuid[] := '{}';
     unnumbered boolean;
     to_number boolean := false;
-    numbered integer;
+    -- The numbers this batch handed out, not yet written to their rows: the claim's (or the
+    -- Deferral's) UPDATE of the row writes its number; the rest at the end.
+    num_ids uuid[] := '{}';
+    num_ns bigint[] := '{}';
+    unwritten integer := 0;
+    num_j integer;
+    prior_plan_mode text := current_setting('plan_cache_mode');
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -124,6 +130,13 @@ BEGIN
     IF coalesce(cardinality(p_deliveries), 0) = 0 THEN
         RETURN;
     END IF;
+    -- Generic plans for the statements below (issue 30): each looks rows up by key, so
+    -- the generic plan is the custom one, but with array parameters the custom plan's
+    -- estimate (the batch's real size) is cheaper than the generic one's, and the plan cache
+    -- planned most executions again: 0.1-0.3 ms of planning per statement, about a fifth of
+    -- Postgres' CPU per Delivery (BENCHMARKS "Planning"). Local to the transaction, and put
+    -- back at the end (a function SET clause would undo railhook.claim_numbered).
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
 
     -- The locks, in the one total order: projects by key, then endpoints by key. The batch's
     -- rows are found by primary key alone (a MATERIALIZED CTE), the status checked after:
@@ -159,10 +172,13 @@ BEGIN
     -- counter. Nothing after the first hint whose row this snapshot cannot see yet (a hint
     -- that overtook its commit, 'missing' below): what comes after it waits for it, so
     -- numbers follow the hints' order. An ordered row left without a number answers
-    -- 'missing' in the loop and is claimed again shortly. A batch that numbered anything
-    -- sets railhook.claim_numbered: its commit waits for the WAL flush even where claims
-    -- commit without (claim.rs), so a number a receiver saw is never handed out again
-    -- after a Postgres crash.
+    -- 'missing' in the loop and is claimed again shortly. The number goes into the row with
+    -- the claim's own UPDATE below (or the Deferral's, or the last statement): one row
+    -- version per claim, not two, and no foreign key checked again (an UPDATE of a row this
+    -- transaction wrote checks the row's foreign keys, KEY SHARE locks on its Event and
+    -- Endpoint included). A batch that numbered anything sets railhook.claim_numbered:
+    -- its commit waits for the WAL flush even where claims commit without (claim.rs), so a
+    -- number a receiver saw is never handed out again after a Postgres crash.
     IF to_number THEN
         -- The batch's rows by primary key alone (MATERIALIZED, as the lock reads above): a
         -- plan through deliveries_endpoint_idx (`sequence_number IS NULL`) would read every
@@ -198,17 +214,15 @@ BEGIN
         numbers AS (
             SELECT ranked.id, ranked.endpoint_id, seq.base + ranked.nth AS n FROM ranked JOIN seq ON seq.id = ranked.endpoint_id
         ),
-        -- The Ordering Buffer's index (migration 0036): `deliveries` indexes no column set
-        -- here, so the UPDATE below is HOT.
+        -- The Ordering Buffer's index (migration 0036): `deliveries` indexes no column the
+        -- claim sets, so its UPDATE stays HOT.
         indexed AS (
             INSERT INTO delivery_sequence (endpoint_id, sequence_number, delivery_id)
             SELECT numbers.endpoint_id, numbers.n, numbers.id FROM numbers
         )
-        UPDATE deliveries dn SET sequence_number = numbers.n
-        FROM numbers
-        WHERE dn.id = numbers.id;
-        GET DIAGNOSTICS numbered = ROW_COUNT;
-        IF numbered > 0 THEN
+        SELECT coalesce(array_agg(numbers.id), '{}'), coalesce(array_agg(numbers.n), '{}') INTO num_ids, num_ns FROM numbers;
+        unwritten := cardinality(num_ids);
+        IF unwritten > 0 THEN
             PERFORM set_config('railhook.claim_numbered', 'on', true);
         END IF;
     END IF;
@@ -249,6 +263,15 @@ BEGIN
               THEN 'none' ELSE 'missing' END;
             RETURN NEXT;
             CONTINUE;
+        END IF;
+        -- Numbered by this batch above: its number, written by the UPDATE that claims or
+        -- defers it (or at the end).
+        num_j := NULL;
+        IF d.ordered AND d.sequence_number IS NULL AND unwritten > 0 THEN
+            num_j := array_position(num_ids, d.id);
+            IF num_j IS NOT NULL THEN
+                d.sequence_number := num_ns[num_j];
+            END IF;
         END IF;
         IF d.ordered AND d.sequence_number IS NULL THEN
             -- Ordered and not numbered above (visible only since, behind an unseen hint, or its
@@ -380,8 +403,12 @@ BEGIN
         IF reason IS NOT NULL THEN
             -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
             UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now(),
-                                  parked_at = CASE WHEN reason = 'ordering' THEN coalesce(parked_at, now()) ELSE parked_at END
+                                  parked_at = CASE WHEN reason = 'ordering' THEN coalesce(parked_at, now()) ELSE parked_at END,
+                                  sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
+            IF FOUND AND num_j IS NOT NULL THEN
+                unwritten := unwritten - 1;
+            END IF;
             idx := i; outcome := CASE WHEN FOUND THEN reason ELSE 'none' END; RETURN NEXT;
             CONTINUE;
         END IF;
@@ -395,7 +422,8 @@ BEGIN
         -- PROCESSING without one (the counts above and the stuck sweep read them).
         WITH claimed AS (
             UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(),
-                                  next_retry_at = NULL, updated_at = now()
+                                  next_retry_at = NULL, updated_at = now(),
+                                  sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i]
             RETURNING id, project_id, endpoint_id, claim_token, claimed_at
         )
@@ -408,6 +436,9 @@ BEGIN
         IF NOT FOUND THEN
             idx := i; outcome := 'none'; RETURN NEXT;
             CONTINUE;
+        END IF;
+        IF num_j IS NOT NULL THEN
+            unwritten := unwritten - 1;
         END IF;
         -- This claim counts against both limits for the rest of the batch. (A count not read
         -- yet will see it: the counting query's snapshot includes this transaction's writes;
@@ -443,6 +474,14 @@ BEGIN
         END IF;
         idx := i; outcome := CASE WHEN gap THEN 'claimed:gap' WHEN behind THEN 'claimed:behind' ELSE 'claimed' END; RETURN NEXT;
     END LOOP;
+    -- Numbers handed out to rows this batch did not write (busy, not claimable after all):
+    -- theirs all the same, as delivery_sequence says.
+    IF unwritten > 0 THEN
+        UPDATE deliveries dn SET sequence_number = x.n
+        FROM unnest(num_ids, num_ns) AS x(id, n)
+        WHERE dn.id = x.id AND dn.sequence_number IS NULL;
+    END IF;
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
 END
 $$;
 
@@ -457,6 +496,38 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
 LANGUAGE sql VOLATILE AS $$
     SELECT * FROM railhook_claim_batch(p_deliveries, p_tokens, p_hints, p_endpoint_concurrency, p_project_concurrency,
         p_project_rate, p_circuit_cooldown_s, p_probe_timeout_s, p_wait, p_gap_s, p_finishing, NULL::timestamptz[], '{}'::uuid[])
+$$;
+
+-- The Attempts' details of a claim batch's won rows, by Delivery id and new token (claim.rs
+-- reads them right after the claim, in the same round trip). A function only for its plan:
+-- as a statement of the worker's own, the plan cache planned it again on most executions
+-- (its custom plan, for the batch's real size, looked cheaper than the generic one), 0.5 ms
+-- a time, more than it took to run (issue 30); here its generic plan is kept.
+CREATE OR REPLACE FUNCTION railhook_claimed(p_ids uuid[], p_tokens uuid[])
+RETURNS TABLE (id uuid, project_id uuid, event_id uuid, endpoint_id uuid, attempt_count integer, max_attempts integer,
+               retry_delays integer[], timeout_seconds integer, sequence_number bigint, ladder_started_at timestamptz,
+               event_type text, created_at timestamptz, payload text, url text, enabled boolean, headers jsonb,
+               secrets text[], claim_token uuid, parked_at timestamptz)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    prior_plan_mode text := current_setting('plan_cache_mode');
+BEGIN
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    RETURN QUERY
+    SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_attempts, c.retry_delays,
+           c.timeout_seconds, c.sequence_number, c.ladder_started_at,
+           e.event_type, e.created_at, e.payload::text, ep.url, ep.enabled, ep.headers,
+           ARRAY(SELECT s.secret FROM endpoint_secrets s
+                 WHERE s.endpoint_id = c.endpoint_id AND (s.expires_at IS NULL OR s.expires_at > now())
+                 ORDER BY s.expires_at IS NULL DESC, s.created_at DESC),
+           c.claim_token, c.parked_at
+    FROM unnest(p_ids, p_tokens) AS want (id, token)
+    JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
+    JOIN events e ON e.id = c.event_id
+    JOIN endpoints ep ON ep.id = c.endpoint_id;
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
+END
 $$;
 
 -- The worker's Ordering Buffer gives back what it held behind a predecessor that did not end
@@ -553,15 +624,17 @@ DECLARE
     o_endpoints uuid[];
     o_sequences bigint[];
     o_ended boolean[];
-    ended record;
     freed uuid[] := '{}';
-    rel uuid;
     k bigint;
     n integer := coalesce(cardinality(p_deliveries), 0);
     run_start integer := 1;
     run_tokens uuid[];
     run_healthy boolean[];
+    prior_plan_mode text := current_setting('plan_cache_mode');
 BEGIN
+    -- Generic plans, as in railhook_claim_batch (a batch's arrays made the plan cache plan
+    -- most executions again).
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
        OR n <> coalesce(cardinality(p_bodies), 0) OR n <> coalesce(cardinality(p_request_headers), 0) THEN
@@ -605,29 +678,36 @@ BEGIN
     -- while this finalise, not yet seeing the park, releases nothing, and the successor would
     -- wait for its gap timeout. With them, either this release sees the park or the claim
     -- sees the predecessor ended. In key order, like the claims.
-    -- (Read off the UPDATE above: a batch without ordered Deliveries reads nothing more.)
-    FOR k IN
-        SELECT DISTINCT hashtextextended(e::text, 6570) AS key FROM unnest(o_endpoints) AS e ORDER BY key
-    LOOP
-        PERFORM pg_advisory_xact_lock(k);
-    END LOOP;
-    FOR ended IN
-        SELECT t.n, t.endpoint_id, t.sequence_number
-        FROM unnest(o_n, o_endpoints, o_sequences, o_ended) AS t(n, endpoint_id, sequence_number, is_end)
-        WHERE t.is_end
-        ORDER BY t.endpoint_id, t.sequence_number
-    LOOP
-        INSERT INTO endpoint_ordering AS o (endpoint_id, cursor) VALUES (ended.endpoint_id, ended.sequence_number)
-        ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
-        WHERE o.cursor < excluded.cursor;
-        UPDATE deliveries s SET next_retry_at = now(), updated_at = now()
-        FROM delivery_sequence q
-        WHERE q.endpoint_id = ended.endpoint_id AND q.sequence_number = ended.sequence_number + 1
-          AND s.id = q.delivery_id
-          AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
-        RETURNING s.id INTO rel;
-        freed[ended.n] := rel;
-    END LOOP;
+    -- (Read off the UPDATE above: a batch without ordered Deliveries runs nothing more.)
+    IF o_n IS NOT NULL THEN
+        FOR k IN
+            SELECT DISTINCT hashtextextended(e::text, 6570) AS key FROM unnest(o_endpoints) AS e ORDER BY key
+        LOOP
+            PERFORM pg_advisory_xact_lock(k);
+        END LOOP;
+        -- One statement for the batch (issue 30; it was two per Delivery): each Endpoint's
+        -- cursor to the highest number that ended (never backwards), and each ended
+        -- Delivery's parked successor released.
+        WITH ended AS (
+            SELECT t.n AS nth, t.endpoint_id, t.sequence_number
+            FROM unnest(o_n, o_endpoints, o_sequences, o_ended) AS t(n, endpoint_id, sequence_number, is_end)
+            WHERE t.is_end
+        ), cursors AS (
+            INSERT INTO endpoint_ordering AS o (endpoint_id, cursor)
+            SELECT ended.endpoint_id, max(ended.sequence_number) FROM ended GROUP BY ended.endpoint_id ORDER BY ended.endpoint_id
+            ON CONFLICT (endpoint_id) DO UPDATE SET cursor = greatest(o.cursor, excluded.cursor), advanced_at = now()
+            WHERE o.cursor < excluded.cursor
+        ), successors AS (
+            UPDATE deliveries s SET next_retry_at = now(), updated_at = now()
+            FROM ended JOIN delivery_sequence q
+                ON q.endpoint_id = ended.endpoint_id AND q.sequence_number = ended.sequence_number + 1
+            WHERE s.id = q.delivery_id
+              AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
+            RETURNING ended.nth, s.id
+        )
+        SELECT array_agg(successors.id ORDER BY g.pos) INTO freed
+        FROM generate_series(1, n) AS g(pos) LEFT JOIN successors ON successors.nth = g.pos;
+    END IF;
 
     INSERT INTO attempts (id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
                           result, error_message, response_headers, response_body, response_truncated, request_headers)
@@ -656,6 +736,7 @@ BEGIN
         released := freed[i];
         RETURN NEXT;
     END LOOP;
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
 END
 $$;
 
