@@ -120,6 +120,13 @@ DECLARE
     num_ns bigint[] := '{}';
     unwritten integer := 0;
     num_j integer;
+    -- The last Endpoint read in this batch (a batch is mostly one Endpoint's): its settings,
+    -- and whether its circuit was closed (nothing this batch does can open it; only a
+    -- finalise does, and the batch is one moment as the counts above are).
+    seen_ep uuid;
+    seen_enabled boolean;
+    seen_rate integer;
+    closed_ep uuid;
     prior_plan_mode text := current_setting('plan_cache_mode');
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
@@ -286,7 +293,12 @@ BEGIN
 
         -- A disabled endpoint: wait a minute, no Attempt spent (checked first: nothing else
         -- about a disabled endpoint matters).
-        SELECT ep.enabled, ep.rate_limit_per_second INTO ep_enabled, ep_rate FROM endpoints ep WHERE ep.id = d.endpoint_id;
+        IF seen_ep IS DISTINCT FROM d.endpoint_id THEN
+            SELECT ep.enabled, ep.rate_limit_per_second INTO seen_enabled, seen_rate FROM endpoints ep WHERE ep.id = d.endpoint_id;
+            seen_ep := d.endpoint_id;
+        END IF;
+        ep_enabled := seen_enabled;
+        ep_rate := seen_rate;
         IF ep_enabled IS DISTINCT FROM true THEN
             reason := 'endpoint_disabled';
             defer_until := now() + interval '60 seconds';
@@ -329,8 +341,15 @@ BEGIN
         END IF;
 
         -- The circuit (railhook_circuit_admit; no row: closed).
-        SELECT a.state, a.reason, a.defer_until INTO c_state, c_reason, c_until
-        FROM railhook_circuit_admit(d.endpoint_id, p_circuit_cooldown_s, p_probe_timeout_s) AS a;
+        IF closed_ep IS NOT DISTINCT FROM d.endpoint_id THEN
+            c_state := NULL; c_reason := NULL; c_until := NULL;
+        ELSE
+            SELECT a.state, a.reason, a.defer_until INTO c_state, c_reason, c_until
+            FROM railhook_circuit_admit(d.endpoint_id, p_circuit_cooldown_s, p_probe_timeout_s) AS a;
+            IF NOT FOUND OR c_state = 'closed' THEN
+                closed_ep := d.endpoint_id;
+            END IF;
+        END IF;
         IF reason IS NULL AND c_reason IS NOT NULL THEN
             reason := c_reason;
             defer_until := c_until;
