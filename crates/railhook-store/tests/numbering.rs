@@ -146,6 +146,8 @@ async fn a_claim_that_numbers_waits_for_its_flush() {
         // The claim's generic plans (rules.sql) end with it, and leave the flag above alone.
         let plans: String = tx.query_one("SHOW plan_cache_mode", &[]).await.unwrap().get(0);
         assert_eq!(plans, "auto", "the claim puts plan_cache_mode back");
+        let seqscan: String = tx.query_one("SHOW enable_seqscan", &[]).await.unwrap().get(0);
+        assert_eq!(seqscan, "on", "and enable_seqscan");
         tx.commit().await.unwrap();
     }
     // Numbered already: claimed again (a retry), it numbers nothing and commits without.

@@ -128,6 +128,7 @@ DECLARE
     seen_rate integer;
     closed_ep uuid;
     prior_plan_mode text := current_setting('plan_cache_mode');
+    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -137,13 +138,16 @@ BEGIN
     IF coalesce(cardinality(p_deliveries), 0) = 0 THEN
         RETURN;
     END IF;
-    -- Generic plans for the statements below (issue 30): each looks rows up by key, so
-    -- the generic plan is the custom one, but with array parameters the custom plan's
-    -- estimate (the batch's real size) is cheaper than the generic one's, and the plan cache
-    -- planned most executions again: 0.1-0.3 ms of planning per statement, about a fifth of
-    -- Postgres' CPU per Delivery (BENCHMARKS "Planning"). Local to the transaction, and put
-    -- back at the end (a function SET clause would undo railhook.claim_numbered).
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- Generic plans for the statements below (issue 30). With array parameters the custom
+    -- plan's estimate (the batch's real size) looked cheaper than the generic one's, and
+    -- the plan cache planned most executions again: 0.1-0.5 ms of planning per statement,
+    -- about a fifth of Postgres' CPU per Delivery (BENCHMARKS "Planning"). Every statement
+    -- here reads and writes rows by key, and says so with enable_seqscan off: a generic plan
+    -- made while a table is small (a new database, before its first ANALYZE) would otherwise
+    -- be a sequential scan, kept until the next ANALYZE (measured: 1 ms a claim instead of
+    -- 0.05). Both local to the transaction and put back at the end (a function SET clause
+    -- would undo railhook.claim_numbered).
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
 
     -- The locks, in the one total order: projects by key, then endpoints by key. The batch's
     -- rows are found by primary key alone (a MATERIALIZED CTE), the status checked after:
@@ -500,7 +504,7 @@ BEGIN
         FROM unnest(num_ids, num_ns) AS x(id, n)
         WHERE dn.id = x.id AND dn.sequence_number IS NULL;
     END IF;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
@@ -521,7 +525,8 @@ $$;
 -- reads them right after the claim, in the same round trip). A function only for its plan:
 -- as a statement of the worker's own, the plan cache planned it again on most executions
 -- (its custom plan, for the batch's real size, looked cheaper than the generic one), 0.5 ms
--- a time, more than it took to run (issue 30); here its generic plan is kept.
+-- a time, more than it took to run (issue 30); here its generic plan by key is kept (see
+-- railhook_claim_batch).
 CREATE OR REPLACE FUNCTION railhook_claimed(p_ids uuid[], p_tokens uuid[])
 RETURNS TABLE (id uuid, project_id uuid, event_id uuid, endpoint_id uuid, attempt_count integer, max_attempts integer,
                retry_delays integer[], timeout_seconds integer, sequence_number bigint, ladder_started_at timestamptz,
@@ -531,8 +536,9 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     prior_plan_mode text := current_setting('plan_cache_mode');
+    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
     RETURN QUERY
     SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_attempts, c.retry_delays,
            c.timeout_seconds, c.sequence_number, c.ladder_started_at,
@@ -545,7 +551,7 @@ BEGIN
     JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
     JOIN events e ON e.id = c.event_id
     JOIN endpoints ep ON ep.id = c.endpoint_id;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
@@ -650,10 +656,11 @@ DECLARE
     run_tokens uuid[];
     run_healthy boolean[];
     prior_plan_mode text := current_setting('plan_cache_mode');
+    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
-    -- Generic plans, as in railhook_claim_batch (a batch's arrays made the plan cache plan
-    -- most executions again).
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+    -- Generic plans by key, as in railhook_claim_batch (a batch's arrays made the plan
+    -- cache plan most executions again).
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
        OR n <> coalesce(cardinality(p_bodies), 0) OR n <> coalesce(cardinality(p_request_headers), 0) THEN
@@ -755,7 +762,7 @@ BEGIN
         released := freed[i];
         RETURN NEXT;
     END LOOP;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true);
+    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
