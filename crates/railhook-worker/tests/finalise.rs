@@ -116,6 +116,42 @@ async fn failures_in_one_batch_open_the_circuit_once() {
     assert!(out.iter().all(|f| f.wrote));
 }
 
+/// A circuit that has its row and is closed counts each batch's outcomes in one statement
+/// (rules.sql): the counts add up across batches, an expired window starts again from the
+/// batch's own outcomes, and the batch that crosses the ratio opens it.
+#[tokio::test]
+async fn a_closed_circuit_counts_across_batches_and_the_batch_over_the_ratio_opens_it() {
+    let (db, pool, claimed) = setup(1, 8).await;
+    let circuit = Circuit { window_s: 60.0, min_volume: 5, ratio: 0.5 };
+    let at = Utc::now() + chrono::Duration::seconds(60);
+    let ok = |c: &Claimed| FinaliseRequest::new(c, Next::Success, None, record(200), true);
+    let bad = |c: &Claimed| FinaliseRequest::new(c, Next::RetryAt(at), Some("HTTP 500".into()), record(500), false);
+    let conn = pool.get().await.unwrap();
+    let counts = || async {
+        let r = db.client().await.query_one("SELECT state, successes, failures FROM circuits", &[]).await.unwrap();
+        (r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, i32>(2))
+    };
+    let changes = |out: &[store::Finalised]| out.iter().map(|f| f.circuit.map(|c| c.to_string())).collect::<Vec<_>>();
+    // The first batch makes the row; the ones after go the short way.
+    let out = store::finalise_batch(&conn, &[ok(&claimed[0]), ok(&claimed[1])], &circuit).await.unwrap();
+    assert_eq!(changes(&out), vec![None, None]);
+    let out = store::finalise_batch(&conn, &[bad(&claimed[2])], &circuit).await.unwrap();
+    assert_eq!(changes(&out), vec![None], "3 outcomes, under the minimum volume");
+    assert_eq!(counts().await, ("closed".to_string(), 2, 1));
+    // An expired window: the counts start again from this batch's.
+    db.client().await.execute("UPDATE circuits SET window_start = now() - interval '2 minutes'", &[]).await.unwrap();
+    let out = store::finalise_batch(&conn, &[ok(&claimed[3])], &circuit).await.unwrap();
+    assert_eq!(changes(&out), vec![None]);
+    assert_eq!(counts().await, ("closed".to_string(), 1, 0));
+    let out = store::finalise_batch(&conn, &[bad(&claimed[4]), bad(&claimed[5])], &circuit).await.unwrap();
+    assert_eq!(changes(&out), vec![None, None], "3 outcomes in the window");
+    assert_eq!(counts().await, ("closed".to_string(), 1, 2));
+    // 3 failures of 5: the ratio and the volume reached; reported on the batch's last row.
+    let out = store::finalise_batch(&conn, &[bad(&claimed[6]), ok(&claimed[7])], &circuit).await.unwrap();
+    assert_eq!(changes(&out), vec![None, Some("opened".to_string())]);
+    assert_eq!(counts().await, ("open".to_string(), 0, 0));
+}
+
 #[tokio::test]
 async fn concurrent_batches_over_the_same_endpoints_finish() {
     let (_db, pool, claimed) = setup(8, 16).await;
