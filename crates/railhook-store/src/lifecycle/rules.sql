@@ -80,7 +80,19 @@ CREATE OR REPLACE FUNCTION railhook_claim_batch(
     p_wait boolean[], p_gap_s double precision, p_finishing uuid[],
     p_announced timestamptz[], p_mine uuid[]
 ) RETURNS TABLE (idx integer, outcome text)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Generic plans for the statements inside (issue 30). With array parameters the custom
+-- plan's estimate (the batch's real size) looked cheaper than the generic one's, and the
+-- plan cache planned most executions again: 0.1-0.5 ms of planning per statement, about a
+-- fifth of Postgres' CPU per Delivery (BENCHMARKS "Planning"). Every statement here reads
+-- and writes rows by key, and says so with enable_seqscan off: a generic plan made while a
+-- table is small (a new database, before its first ANALYZE) would otherwise be a sequential
+-- scan, kept until the next ANALYZE (measured: 1 ms a claim instead of 0.05). A SET clause
+-- puts both back when the function returns; it leaves the railhook.claim_numbered the
+-- function sets alone (only the settings it names are restored).
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
 DECLARE
     k bigint;
     i integer;
@@ -121,14 +133,14 @@ DECLARE
     unwritten integer := 0;
     num_j integer;
     -- The last Endpoint read in this batch (a batch is mostly one Endpoint's): its settings,
-    -- and whether its circuit was closed (nothing this batch does can open it; only a
-    -- finalise does, and the batch is one moment as the counts above are).
+    -- and whether its circuit was closed. Read once per batch, they err towards admitting
+    -- for the rest of it (a few milliseconds): a finalise that opens the circuit, or a
+    -- disable, committed meanwhile is seen by the next batch. Nothing this batch does can
+    -- open the circuit; a half-open one is never cached (its probe is taken below).
     seen_ep uuid;
     seen_enabled boolean;
     seen_rate integer;
     closed_ep uuid;
-    prior_plan_mode text := current_setting('plan_cache_mode');
-    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -138,16 +150,6 @@ BEGIN
     IF coalesce(cardinality(p_deliveries), 0) = 0 THEN
         RETURN;
     END IF;
-    -- Generic plans for the statements below (issue 30). With array parameters the custom
-    -- plan's estimate (the batch's real size) looked cheaper than the generic one's, and
-    -- the plan cache planned most executions again: 0.1-0.5 ms of planning per statement,
-    -- about a fifth of Postgres' CPU per Delivery (BENCHMARKS "Planning"). Every statement
-    -- here reads and writes rows by key, and says so with enable_seqscan off: a generic plan
-    -- made while a table is small (a new database, before its first ANALYZE) would otherwise
-    -- be a sequential scan, kept until the next ANALYZE (measured: 1 ms a claim instead of
-    -- 0.05). Both local to the transaction and put back at the end (a function SET clause
-    -- would undo railhook.claim_numbered).
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
 
     -- The locks, in the one total order: projects by key, then endpoints by key. The batch's
     -- rows are found by primary key alone (a MATERIALIZED CTE), the status checked after:
@@ -192,8 +194,8 @@ BEGIN
     -- number a receiver saw is never handed out again after a Postgres crash.
     IF to_number THEN
         -- The batch's rows by primary key alone (MATERIALIZED, as the lock reads above): a
-        -- plan through deliveries_endpoint_idx (`sequence_number IS NULL`) would read every
-        -- unordered Delivery of the Endpoint, and every entry a numbering left dead.
+        -- plan through deliveries_endpoint_idx (the Endpoint's) would read every Delivery
+        -- of the Endpoint.
         WITH w AS MATERIALIZED (
             SELECT * FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
         ),
@@ -225,8 +227,9 @@ BEGIN
         numbers AS (
             SELECT ranked.id, ranked.endpoint_id, seq.base + ranked.nth AS n FROM ranked JOIN seq ON seq.id = ranked.endpoint_id
         ),
-        -- The Ordering Buffer's index (migration 0036): `deliveries` indexes no column the
-        -- claim sets, so its UPDATE stays HOT.
+        -- The Ordering Buffer's index (migration 0036): no index of `deliveries` holds
+        -- `sequence_number`, so writing it keeps the claim's UPDATE of a first Attempt HOT
+        -- (a Deferral's UPDATE sets `next_retry_at`, which deliveries_due_idx holds).
         indexed AS (
             INSERT INTO delivery_sequence (endpoint_id, sequence_number, delivery_id)
             SELECT numbers.endpoint_id, numbers.n, numbers.id FROM numbers
@@ -504,7 +507,6 @@ BEGIN
         FROM unnest(num_ids, num_ns) AS x(id, n)
         WHERE dn.id = x.id AND dn.sequence_number IS NULL;
     END IF;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
@@ -532,13 +534,12 @@ RETURNS TABLE (id uuid, project_id uuid, event_id uuid, endpoint_id uuid, attemp
                retry_delays integer[], timeout_seconds integer, sequence_number bigint, ladder_started_at timestamptz,
                event_type text, created_at timestamptz, payload text, url text, enabled boolean, headers jsonb,
                secrets text[], claim_token uuid, parked_at timestamptz)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
 #variable_conflict use_column
-DECLARE
-    prior_plan_mode text := current_setting('plan_cache_mode');
-    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
     RETURN QUERY
     SELECT c.id, c.project_id, c.event_id, c.endpoint_id, c.attempt_count, c.max_attempts, c.retry_delays,
            c.timeout_seconds, c.sequence_number, c.ladder_started_at,
@@ -551,7 +552,6 @@ BEGIN
     JOIN deliveries c ON c.id = want.id AND c.claim_token = want.token AND c.status = 'PROCESSING'
     JOIN events e ON e.id = c.event_id
     JOIN endpoints ep ON ep.id = c.endpoint_id;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
@@ -640,7 +640,12 @@ CREATE OR REPLACE FUNCTION railhook_finalise_batch(
     p_endpoints uuid[], p_healthy boolean[],
     p_window_s double precision, p_min_volume integer, p_ratio double precision
 ) RETURNS TABLE (idx integer, wrote boolean, circuit text, released uuid)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+-- Generic plans by key, as railhook_claim_batch (a batch's arrays made the plan cache plan
+-- most executions again).
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $$
 DECLARE
     fenced integer[];
     -- The fenced rows that carry a Sequence Number: their index, Endpoint, number, and
@@ -655,12 +660,7 @@ DECLARE
     run_start integer := 1;
     run_tokens uuid[];
     run_healthy boolean[];
-    prior_plan_mode text := current_setting('plan_cache_mode');
-    prior_seqscan text := current_setting('enable_seqscan');
 BEGIN
-    -- Generic plans by key, as in railhook_claim_batch (a batch's arrays made the plan
-    -- cache plan most executions again).
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true);
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
        OR n <> coalesce(cardinality(p_bodies), 0) OR n <> coalesce(cardinality(p_request_headers), 0) THEN
@@ -762,7 +762,6 @@ BEGIN
         released := freed[i];
         RETURN NEXT;
     END LOOP;
-    PERFORM set_config('plan_cache_mode', prior_plan_mode, true), set_config('enable_seqscan', prior_seqscan, true);
 END
 $$;
 
@@ -834,8 +833,8 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     c record;
     probe integer;
-    ok integer := cardinality(array_positions(p_healthy, true));
-    bad integer := cardinality(array_positions(p_healthy, false));
+    ok integer := coalesce(cardinality(array_positions(p_healthy, true)), 0);
+    bad integer := coalesce(cardinality(array_positions(p_healthy, false)), 0);
     c_ok integer;
     c_bad integer;
 BEGIN
