@@ -46,6 +46,15 @@ async fn numbers(db: &TestDb) -> Vec<(String, Option<i64>)> {
         .collect()
 }
 
+/// `n` Events ingested one after another to `fixture`: their Delivery ids, in that order.
+async fn ingest_one_by_one(pool: &railhook_store::Pool, fixture: &Fixture, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.extend(fixture.ingest(pool, "order.paid").await);
+    }
+    ids
+}
+
 fn number_of(all: &[(String, Option<i64>)], id: &str) -> Option<i64> {
     all.iter().find(|(d, _)| d == id).and_then(|(_, n)| *n)
 }
@@ -166,10 +175,7 @@ async fn a_claim_that_numbers_waits_for_its_flush() {
 #[tokio::test]
 async fn numbering_is_a_hot_update_and_indexed_beside() {
     let (db, pool, ordered, _) = setup().await;
-    let mut ids = Vec::new();
-    for _ in 0..10 {
-        ids.extend(ordered.ingest(&pool, "order.paid").await);
-    }
+    let ids = ingest_one_by_one(&pool, &ordered, 10).await;
     let client = pool.get().await.unwrap();
     let counters = |db: &TestDb| {
         let url = db.url.clone();
@@ -209,10 +215,7 @@ async fn numbering_is_a_hot_update_and_indexed_beside() {
 #[tokio::test]
 async fn a_number_handed_out_reaches_its_row_when_the_claim_does_not_take_it() {
     let (db, pool, ordered, _) = setup().await;
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        ids.extend(ordered.ingest(&pool, "order.paid").await);
-    }
+    let ids = ingest_one_by_one(&pool, &ordered, 4).await;
     // One request a second to the Endpoint: the first claim takes the window, the next one
     // in the waiting mode answers busy (nothing written), the last two are Deferrals.
     db.client().await.execute("UPDATE endpoints SET rate_limit_per_second = 1 WHERE url LIKE '%/ordered'", &[]).await.unwrap();
