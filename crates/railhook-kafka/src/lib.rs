@@ -71,6 +71,14 @@ pub fn consumer_config(kafka: &KafkaConfig, group_id: &str) -> ClientConfig {
     config
 }
 
+/// The relay's produce requests in flight per broker connection, unless `kafka.properties`
+/// sets `max.in.flight.requests.per.connection` (at most 5 with idempotence). One: with no
+/// lingering, each announcement of a burst was a produce request of its own while up to five
+/// were in flight; with one, what queues while a request is in flight goes in the next
+/// (issue 30, BENCHMARKS "One produce request in flight"). A lone announcement (the light
+/// rate) goes at once either way.
+pub const PRODUCER_MAX_IN_FLIGHT: &str = "1";
+
 /// Producer settings the relay's guarantees rest on: idempotence (no duplicates or
 /// reordering from internal retries), `acks=all`, and a bounded local queue so a stalled
 /// cluster becomes backpressure instead of memory growth.
@@ -79,14 +87,15 @@ pub fn idempotent_producer_config(kafka: &KafkaConfig, queue_messages: usize) ->
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("max.in.flight.requests.per.connection", "5")
         .set("queue.buffering.max.messages", queue_messages.to_string())
         .set("queue.buffering.max.kbytes", "65536");
     // No lingering: an announcement goes at once (a wait of up to `linger.ms` was most of the
     // relay's share of the light rate's latency). Under load the producer batches anyway:
-    // what queues while its requests are in flight goes in the next one.
-    if !kafka.properties.contains_key("linger.ms") {
-        config.set("linger.ms", "0");
+    // what queues while its request is in flight goes in the next one.
+    for (key, default) in [("linger.ms", "0"), ("max.in.flight.requests.per.connection", PRODUCER_MAX_IN_FLIGHT)] {
+        if !kafka.properties.contains_key(key) {
+            config.set(key, default);
+        }
     }
     config
 }

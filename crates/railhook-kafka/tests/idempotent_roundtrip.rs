@@ -26,6 +26,12 @@ async fn idempotent_producer_round_trip_preserves_order_per_key() {
     let config = railhook_kafka::idempotent_producer_config(&kafka, 10_000);
     assert_eq!(config.get("enable.idempotence"), Some("true"));
     assert_eq!(config.get("acks"), Some("all"));
+    // One produce request in flight (a burst goes in batches), unless the properties say more;
+    // the round trip below keeps each key's order with it.
+    assert_eq!(config.get("max.in.flight.requests.per.connection"), Some("1"));
+    let mut more = kafka.clone();
+    more.properties.insert("max.in.flight.requests.per.connection".into(), "5".into());
+    assert_eq!(railhook_kafka::idempotent_producer_config(&more, 10_000).get("max.in.flight.requests.per.connection"), Some("5"));
     let producer = railhook_kafka::idempotent_producer(&kafka, 10_000).unwrap();
 
     const PER_KEY: usize = 200;
