@@ -6,13 +6,12 @@
 -- looked parked: its predecessor's finalise made it due at once (its retry delay skipped),
 -- its successor waited for it without a gap timeout, and the parked gauge and the API counted
 -- it. `parked` is set by the ordering Deferral (and the worker's park of a held Delivery) and
--- cleared by the finalise of its next Attempt (a Delivery swept back or given back unsent
--- still waits as it did); no index holds it, so the updates that write it stay HOT.
+-- cleared by the claim; no index holds it, so the claim's update stays HOT.
 ALTER TABLE deliveries ADD COLUMN parked boolean NOT NULL DEFAULT false;
 
--- The open Deliveries once parked (PENDING, or PROCESSING since). One back on its ladder
--- cannot be told apart here: it counts as parked until its next Attempt ends, as it did
--- before. By primary key (the open ones are few), as the queue gauges read them.
+-- The open Deliveries that look parked now. One once parked and back on its ladder cannot be
+-- told apart here: it counts as parked until its next claim, as it did before.
+-- By primary key (the open ones are few), as the queue gauges read them.
 UPDATE deliveries d SET parked = true
 WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries))
-  AND d.status IN ('PENDING', 'PROCESSING') AND d.parked_at IS NOT NULL;
+  AND d.status = 'PENDING' AND d.parked_at IS NOT NULL AND d.claim_token IS NULL;

@@ -67,7 +67,7 @@
 --
 -- The Ordering Buffer (DESIGN.md 6.5): a Delivery with a Sequence Number whose predecessor
 -- (the same Endpoint's Delivery numbered one less) is unresolved is parked: a Deferral that
--- sets `parked` (until an Attempt of it ends, migration 0037) and parked_at on the first park, and
+-- sets `parked` (until its next claim, migration 0037) and parked_at on the first park, and
 -- is due again at parked_at + p_gap_s. The finalise that resolves the predecessor releases
 -- it at once (railhook_finalise_batch). Once the gap timeout is over it goes without a
 -- predecessor that is PENDING on its own ladder: outcome 'claimed:gap'. A predecessor in
@@ -432,10 +432,7 @@ BEGIN
             -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
             UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now(),
                                   parked_at = CASE WHEN reason = 'ordering' THEN coalesce(parked_at, now()) ELSE parked_at END,
-                                  -- Parked by an ordering Deferral; any other leaves it as it was (a
-                                  -- parked Delivery deferred for its circuit still waits for its
-                                  -- predecessor).
-                                  parked = (reason = 'ordering' OR parked),
+                                  parked = (reason = 'ordering'),
                                   sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
             IF FOUND AND num_j IS NOT NULL THEN
@@ -454,7 +451,7 @@ BEGIN
         -- PROCESSING without one (the counts above and the stuck sweep read them).
         WITH claimed AS (
             UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(),
-                                  next_retry_at = NULL, updated_at = now(),
+                                  next_retry_at = NULL, updated_at = now(), parked = false,
                                   sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i]
             RETURNING id, project_id, endpoint_id, claim_token, claimed_at
@@ -683,10 +680,6 @@ BEGIN
             claim_token = NULL, claimed_at = NULL,
             last_error = i.last_error,
             completed_at = CASE WHEN i.status IN ('SUCCESS', 'FAILED') THEN now() END,
-            -- An Attempt ran: whatever the Delivery waited for in the Ordering Buffer is over
-            -- (migration 0037). Not the claim: a Delivery swept back or given back unsent
-            -- still waits as it did.
-            parked = false,
             updated_at = now()
         FROM input i
         WHERE d.id = i.delivery AND d.claim_token = i.token AND d.status = 'PROCESSING'
