@@ -73,7 +73,7 @@ macro_rules! delivery_columns {
         "d.id, d.event_id, e.event_type, d.endpoint_id, d.subscription_id, d.status::text, d.attempt_count,
          d.max_attempts, d.retry_delays, d.timeout_seconds, d.next_retry_at, d.sequence_number, d.replay_of,
          d.last_error, d.ladder_started_at, d.created_at, d.updated_at, d.completed_at,
-         CASE WHEN d.status = 'PENDING' AND d.parked THEN d.parked_at END"
+         CASE WHEN d.status = 'PENDING' THEN d.parked_at END"
     };
 }
 pub(crate) use delivery_columns;

@@ -45,9 +45,9 @@ SELECT count(*) FILTER (WHERE replay_id IS NOT NULL),
        COALESCE(EXTRACT(EPOCH FROM now() - min(due) FILTER (WHERE replay_id IS NULL)) * 1000, 0)::float8
 FROM (SELECT d.replay_id, COALESCE(d.next_retry_at, d.created_at) AS due
       FROM open_deliveries o
-      CROSS JOIN LATERAL (SELECT dl.replay_id, dl.next_retry_at, dl.created_at, dl.status, dl.parked
+      CROSS JOIN LATERAL (SELECT dl.replay_id, dl.next_retry_at, dl.created_at, dl.status, dl.parked_at
                           FROM deliveries dl WHERE dl.id = o.delivery_id OFFSET 0) d
-      WHERE d.status = 'PENDING' AND (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AND NOT d.parked
+      WHERE d.status = 'PENDING' AND (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AND d.parked_at IS NULL
       LIMIT $1) d";
 
 /// Why the runner holds back, if it does.

@@ -67,12 +67,10 @@
 --
 -- The Ordering Buffer (DESIGN.md 6.5): a Delivery with a Sequence Number whose predecessor
 -- (the same Endpoint's Delivery numbered one less) is unresolved is parked: a Deferral that
--- sets `parked` (until its next claim, migration 0037) and parked_at on the first park, and
--- is due again at parked_at + p_gap_s. The finalise that resolves the predecessor releases
--- it at once (railhook_finalise_batch). Once the gap timeout is over it goes without a
--- predecessor that is PENDING on its own ladder: outcome 'claimed:gap'. A predecessor in
--- flight or parked now is always waited for; one once parked and since back on its own
--- ladder is not parked.
+-- sets parked_at on the first park and is due again at parked_at + p_gap_s. The finalise
+-- that resolves the predecessor releases it at once (railhook_finalise_batch). Once the gap
+-- timeout is over it goes without a predecessor that is PENDING on its own ladder: outcome
+-- 'claimed:gap'. A predecessor in flight or itself parked is always waited for.
 DROP FUNCTION IF EXISTS railhook_claim_batch(uuid[], uuid[], uuid[], integer, integer, integer, double precision, double precision);
 DROP FUNCTION IF EXISTS railhook_claim_batch(uuid[], uuid[], uuid[], integer, integer, integer, double precision, double precision, boolean[]);
 CREATE OR REPLACE FUNCTION railhook_claim_batch(
@@ -110,7 +108,7 @@ DECLARE
     gap boolean;
     behind boolean;
     pred_status delivery_status;
-    pred_parked boolean;
+    pred_parked timestamptz;
     pred_token uuid;
     pred_next timestamptz;
     ordering_busy boolean;
@@ -321,17 +319,17 @@ BEGIN
         behind := false;
         ordering_busy := false;
         IF reason IS NULL AND d.sequence_number IS NOT NULL AND d.sequence_number > 1 THEN
-            SELECT p.status, p.parked, p.claim_token, p.next_retry_at INTO pred_status, pred_parked, pred_token, pred_next
+            SELECT p.status, p.parked_at, p.claim_token, p.next_retry_at INTO pred_status, pred_parked, pred_token, pred_next
             FROM delivery_sequence q JOIN deliveries p ON p.id = q.delivery_id
             WHERE q.endpoint_id = d.endpoint_id AND q.sequence_number = d.sequence_number - 1;
             IF FOUND AND pred_status = 'PROCESSING'
                AND (pred_token = ANY (p_mine) OR pred_token = ANY (p_tokens[1:i - 1])) THEN
                 -- Held by this worker behind its own predecessor (the Ordering Buffer above).
                 behind := true;
-            ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked)) THEN
+            ELSIF FOUND AND (pred_status = 'PROCESSING' OR (pred_status = 'PENDING' AND pred_parked IS NOT NULL)) THEN
                 reason := 'ordering';
                 defer_until := greatest(coalesce(d.parked_at, now()) + make_interval(secs => p_gap_s), now() + interval '1 second');
-            ELSIF FOUND AND pred_status = 'PENDING' AND NOT pred_parked AND pred_token IS NULL
+            ELSIF FOUND AND pred_status = 'PENDING' AND pred_parked IS NULL AND pred_token IS NULL
                   AND (pred_next IS NULL OR pred_next <= now()) AND coalesce(p_wait[i], false) THEN
                 -- The predecessor is due and unclaimed: its own hint is about to claim it (the
                 -- claims of one Endpoint's hints can reach Postgres out of their order). In the
@@ -432,7 +430,6 @@ BEGIN
             -- The Deferral: no Attempt, no Claim; the scheduler announces it again when due.
             UPDATE deliveries SET next_retry_at = defer_until, claim_token = NULL, updated_at = now(),
                                   parked_at = CASE WHEN reason = 'ordering' THEN coalesce(parked_at, now()) ELSE parked_at END,
-                                  parked = (reason = 'ordering'),
                                   sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i];
             IF FOUND AND num_j IS NOT NULL THEN
@@ -451,7 +448,7 @@ BEGIN
         -- PROCESSING without one (the counts above and the stuck sweep read them).
         WITH claimed AS (
             UPDATE deliveries SET status = 'PROCESSING', claim_token = p_tokens[i], claimed_at = now(),
-                                  next_retry_at = NULL, updated_at = now(), parked = false,
+                                  next_retry_at = NULL, updated_at = now(),
                                   sequence_number = coalesce(sequence_number, d.sequence_number)
             WHERE id = d.id AND status = 'PENDING' AND claim_token IS NOT DISTINCT FROM p_hints[i]
             RETURNING id, project_id, endpoint_id, claim_token, claimed_at
@@ -579,7 +576,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(ep::text, 6570));
     UPDATE deliveries d
     SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, updated_at = now(),
-        parked_at = coalesce(d.parked_at, now()), parked = true,
+        parked_at = coalesce(d.parked_at, now()),
         next_retry_at = CASE
             -- The predecessor ended meanwhile (its finalise found nothing parked to release).
             WHEN EXISTS (SELECT 1 FROM delivery_sequence q JOIN deliveries p ON p.id = q.delivery_id
@@ -731,7 +728,7 @@ BEGIN
             FROM ended JOIN delivery_sequence q
                 ON q.endpoint_id = ended.endpoint_id AND q.sequence_number = ended.sequence_number + 1
             WHERE s.id = q.delivery_id
-              AND s.status = 'PENDING' AND s.parked AND s.claim_token IS NULL
+              AND s.status = 'PENDING' AND s.parked_at IS NOT NULL AND s.claim_token IS NULL
             RETURNING ended.nth, s.id
         )
         SELECT array_agg(successors.id ORDER BY g.pos) INTO freed

@@ -273,8 +273,8 @@ pub struct QueueGauges {
 /// The gauges' statement: the PENDING Deliveries among the open ones (`open_deliveries`).
 pub const QUEUE_GAUGES_SQL: &str = "SELECT count(*) FILTER (WHERE due),
                     coalesce(EXTRACT(EPOCH FROM now() - min(coalesce(next_retry_at, created_at)) FILTER (WHERE due))::float8, 0),
-                    count(*) FILTER (WHERE parked AND NOT due)
-             FROM (SELECT d.next_retry_at, d.created_at, d.parked, (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AS due
+                    count(*) FILTER (WHERE parked_at IS NOT NULL AND NOT due)
+             FROM (SELECT d.next_retry_at, d.created_at, d.parked_at, (d.next_retry_at IS NULL OR d.next_retry_at <= now()) AS due
                    FROM deliveries d WHERE d.id = ANY (ARRAY(SELECT delivery_id FROM open_deliveries)) AND d.status = 'PENDING') pending";
 
 pub async fn queue_gauges(db: &impl GenericClient) -> Result<QueueGauges, tokio_postgres::Error> {
