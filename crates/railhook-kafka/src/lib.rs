@@ -58,17 +58,26 @@ pub const FETCH_ERROR_BACKOFF_MS: &str = "50";
 pub fn consumer_config(kafka: &KafkaConfig, group_id: &str) -> ClientConfig {
     let mut config = client_config(kafka);
     config.set("group.id", group_id);
-    for (key, default) in [
-        ("session.timeout.ms", SESSION_TIMEOUT_MS),
-        ("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS),
-        ("fetch.wait.max.ms", FETCH_WAIT_MAX_MS),
-        ("fetch.error.backoff.ms", FETCH_ERROR_BACKOFF_MS),
-    ] {
-        if !kafka.properties.contains_key(key) {
-            config.set(key, default);
+    set_defaults(
+        &mut config,
+        kafka,
+        &[
+            ("session.timeout.ms", SESSION_TIMEOUT_MS),
+            ("heartbeat.interval.ms", HEARTBEAT_INTERVAL_MS),
+            ("fetch.wait.max.ms", FETCH_WAIT_MAX_MS),
+            ("fetch.error.backoff.ms", FETCH_ERROR_BACKOFF_MS),
+        ],
+    );
+    config
+}
+
+/// Railhook's defaults for librdkafka properties that `kafka.properties` may set instead.
+fn set_defaults(config: &mut ClientConfig, kafka: &KafkaConfig, defaults: &[(&str, &str)]) {
+    for (key, default) in defaults {
+        if !kafka.properties.contains_key(*key) {
+            config.set(*key, *default);
         }
     }
-    config
 }
 
 /// The relay's produce requests in flight per broker connection, unless `kafka.properties`
@@ -92,11 +101,7 @@ pub fn idempotent_producer_config(kafka: &KafkaConfig, queue_messages: usize) ->
     // No lingering: an announcement goes at once (a wait of up to `linger.ms` was most of the
     // relay's share of the light rate's latency). Under load the producer batches anyway:
     // what queues while its request is in flight goes in the next one.
-    for (key, default) in [("linger.ms", "0"), ("max.in.flight.requests.per.connection", PRODUCER_MAX_IN_FLIGHT)] {
-        if !kafka.properties.contains_key(key) {
-            config.set(key, default);
-        }
-    }
+    set_defaults(&mut config, kafka, &[("linger.ms", "0"), ("max.in.flight.requests.per.connection", PRODUCER_MAX_IN_FLIGHT)]);
     config
 }
 
