@@ -141,6 +141,10 @@ DECLARE
     seen_enabled boolean;
     seen_rate integer;
     closed_ep uuid;
+    -- The projects whose claim lock this batch took (the fast path below claims only rows
+    -- under both of their locks).
+    locked_prs uuid[] := '{}';
+    fast boolean;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -156,13 +160,14 @@ BEGIN
     -- with `id = ANY (..) AND status = 'PENDING'` in one scan the planner may AND the
     -- primary key with deliveries_due_idx (every PENDING row), whose size it takes from
     -- the last ANALYZE; under a backlog that read every PENDING entry on each claim.
-    FOR k IN
+    FOR k, lock_ep IN
         WITH mine AS MATERIALIZED (SELECT dl.project_id, dl.status FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
-        SELECT DISTINCT hashtextextended(mine.project_id::text, 7061) AS key
+        SELECT DISTINCT hashtextextended(mine.project_id::text, 7061) AS key, mine.project_id
         FROM mine WHERE mine.status = 'PENDING'
         ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
+        locked_prs := locked_prs || lock_ep;
     END LOOP;
     FOR k, lock_ep, unnumbered IN
         WITH mine AS MATERIALIZED (SELECT dl.endpoint_id, dl.status, dl.ordered AND dl.sequence_number IS NULL AS unnumbered
@@ -238,6 +243,75 @@ BEGIN
         unwritten := cardinality(num_ids);
         IF unwritten > 0 THEN
             PERFORM set_config('railhook.claim_numbered', 'on', true);
+        END IF;
+    END IF;
+
+    -- The fast path (issue 30): a batch in which every row would be claimed by the loop
+    -- below is claimed in a few statements for the whole batch instead of about eight per
+    -- row. It applies when every row is found PENDING, due and under its hint's token, is
+    -- not ordered, appears once, and is under both claim locks taken above; every Endpoint
+    -- of the batch is enabled, without a rate limit, and its circuit closed (or without a
+    -- row); no project rate; and each Endpoint's and Project's PROCESSING count (read as
+    -- the loop reads it) plus the batch's rows for it stays within its limit. Those are the
+    -- conditions under which the loop claims every row, so the outcomes are the loop's.
+    -- Anything else (an ordered row, a limit that would bite, a circuit not closed, a
+    -- missing row) goes through the loop, row by row, unchanged.
+    IF NOT to_number AND p_project_rate <= 0 THEN
+        WITH w AS (
+            SELECT * FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
+        ), r AS MATERIALIZED (
+            SELECT w.ord, dl.id, dl.project_id, dl.endpoint_id
+            FROM w LEFT JOIN deliveries dl
+              ON dl.id = w.id AND dl.status = 'PENDING'
+             AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+             AND dl.claim_token IS NOT DISTINCT FROM w.hint AND NOT dl.ordered
+        ), per_ep AS (
+            SELECT r.project_id, r.endpoint_id, count(*) AS n FROM r WHERE r.id IS NOT NULL GROUP BY r.project_id, r.endpoint_id
+        ), per_pr AS (
+            SELECT r.project_id, count(*) AS n FROM r WHERE r.id IS NOT NULL GROUP BY r.project_id
+        )
+        SELECT (SELECT bool_and(r.id IS NOT NULL AND r.endpoint_id = ANY (locked_eps) AND r.project_id = ANY (locked_prs))
+                       AND count(DISTINCT r.id) = count(*) FROM r)
+           AND (SELECT bool_and(ep.id IS NOT NULL AND ep.enabled IS TRUE AND coalesce(ep.rate_limit_per_second, 0) <= 0
+                                AND coalesce(c.state, 'closed') = 'closed')
+                FROM per_ep LEFT JOIN endpoints ep ON ep.id = per_ep.endpoint_id
+                LEFT JOIN circuits c ON c.target_id = per_ep.endpoint_id)
+           AND (p_endpoint_concurrency <= 0 OR NOT EXISTS (
+                SELECT 1 FROM per_ep
+                WHERE per_ep.n + (SELECT count(*) FROM delivery_claims c
+                                  JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                                  WHERE c.project_id = per_ep.project_id AND c.endpoint_id = per_ep.endpoint_id
+                                    AND NOT coalesce(c.claim_token = ANY (p_finishing), false)) > p_endpoint_concurrency))
+           AND (p_project_concurrency <= 0 OR NOT EXISTS (
+                SELECT 1 FROM per_pr
+                WHERE per_pr.n + (SELECT count(*) FROM delivery_claims c
+                                  JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                                  WHERE c.project_id = per_pr.project_id
+                                    AND NOT coalesce(c.claim_token = ANY (p_finishing), false)) > p_project_concurrency))
+        INTO fast;
+        IF fast THEN
+            -- As the loop's claim: conditional (the retry scheduler takes PENDING rows without
+            -- these locks; a row it took since the read above is 'none'), HOT, and each
+            -- Claim's row in delivery_claims in the same statement.
+            RETURN QUERY
+            WITH w AS (
+                SELECT * FROM unnest(p_deliveries, p_tokens, p_hints) WITH ORDINALITY AS w(id, token, hint, ord)
+            ), claimed AS (
+                UPDATE deliveries dlc SET status = 'PROCESSING', claim_token = w.token, claimed_at = now(),
+                                        next_retry_at = NULL, updated_at = now()
+                FROM w
+                WHERE dlc.id = w.id AND dlc.status = 'PENDING' AND dlc.claim_token IS NOT DISTINCT FROM w.hint
+                RETURNING w.ord, dlc.id, dlc.project_id, dlc.endpoint_id, dlc.claim_token, dlc.claimed_at
+            ), claims AS (
+                INSERT INTO delivery_claims AS c (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
+                SELECT claimed.project_id, claimed.endpoint_id, claimed.id, claimed.claim_token, claimed.claimed_at FROM claimed
+                ON CONFLICT (project_id, endpoint_id, delivery_id) DO UPDATE
+                    SET claim_token = excluded.claim_token, claimed_at = excluded.claimed_at
+            )
+            SELECT w.ord::integer, CASE WHEN claimed.id IS NULL THEN 'none' ELSE 'claimed' END
+            FROM w LEFT JOIN claimed ON claimed.ord = w.ord
+            ORDER BY w.ord;
+            RETURN;
         END IF;
     END IF;
 
