@@ -6,8 +6,9 @@
 //! - `RAILHOOK_FAILPOINT_TASK_PANIC` ([`TaskPanic`]): an attempt task panics right after its
 //!   claim step, holding its Endpoint's slot, its place in ingest pacing's count and (when the
 //!   claim won) a PROCESSING Delivery. What must follow: the slot and the count come back
-//!   (the task's drop guards), and the stuck sweep sends the Delivery again after
-//!   `worker.processing_timeout_seconds`.
+//!   (the task's drop guards), and so does the Claim (PENDING and due at once,
+//!   `Runner::give_back`); only if that release fails does the stuck sweep send the Delivery
+//!   again after `worker.processing_timeout_seconds`.
 //! - `RAILHOOK_FAILPOINT_CLOCK_AHEAD_MS` ([`clock_ahead`]): this host's wall clock, as the
 //!   worker reads it (`crate::clock::host_now`), runs that many milliseconds ahead (the chaos
 //!   suite's `clock_skew`). What must follow: retries are still timed on the database's

@@ -441,8 +441,11 @@ async fn attempt_task(
     // Told without waiting, like `Claimed`: if the channel is full, the slot frees with
     // `Finished` instead.
     let slot_freed = std::sync::atomic::AtomicBool::new(false);
-    // Should this task panic, its permit, gauge and Endpoint slot are given back on the way out.
-    let mut unfinished = Unfinished { endpoint, place: queued.place, slot_freed: &slot_freed, events: events.clone(), permit: Some(permit), metrics: runner.metrics.clone() };
+    // The Claim's token, known here so that a task that panics can give its Claim back.
+    let token = railhook_core::ClaimToken::new();
+    // Should this task panic, its permit, gauge, Endpoint slot and Claim are given back on the
+    // way out.
+    let mut unfinished = Unfinished { endpoint, place: queued.place, slot_freed: &slot_freed, events: events.clone(), permit: Some(permit), runner: runner.clone(), claim: (delivery, token) };
     let claimed_events = events.clone();
     let notify = || {
         past_claim.enter();
@@ -466,7 +469,7 @@ async fn attempt_task(
     let behind = || {
         let _ = ordered_events.try_send(TaskEvent::Ordered { endpoint });
     };
-    let (busy, released) = match runner.run(queued.hint.clone(), queued.received, mode, notify, behind, sent, hard_stop).await {
+    let (busy, released) = match runner.run(queued.hint.clone(), token, queued.received, mode, notify, behind, sent, hard_stop).await {
         Ok(runner::Outcome { ran: runner::Ran::Busy(on), .. }) => (Some((queued, on)), None),
         Ok(outcome) => {
             tracing::debug!(%delivery, ran = ?outcome.ran, "announcement handled");
@@ -489,33 +492,45 @@ async fn attempt_task(
 }
 
 /// The drop guard of an attempt task that did not reach its end (it panicked, or was
-/// aborted): gives back its permit and in-flight gauge, and tells the consume loop that it
-/// finished, which frees its Endpoint's slot and stores its offset. The Delivery is treated
-/// as after a failed announcement: the sweeps find it. Disarmed by taking `permit`.
+/// aborted): gives back its permit and in-flight gauge, tells the consume loop that it
+/// finished, which frees its Endpoint's slot and stores its offset, and gives its Claim back
+/// to PENDING ([`Runner::give_back`]; a no-op when the claim had not won, or its finalise had
+/// committed). Should that release fail, the Delivery is treated as after a failed
+/// announcement: the sweeps find it. Disarmed by taking `permit`.
 struct Unfinished<'a> {
     endpoint: EndpointId,
     place: Option<(i32, i64)>,
     slot_freed: &'a std::sync::atomic::AtomicBool,
     events: tokio::sync::mpsc::Sender<TaskEvent>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    metrics: WorkerMetrics,
+    runner: Arc<Runner>,
+    /// The Delivery and the token its claim was made with.
+    claim: (railhook_core::DeliveryId, railhook_core::ClaimToken),
 }
 
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         let Some(permit) = self.permit.take() else { return };
         drop(permit);
-        self.metrics.in_flight.dec();
-        self.metrics.task_panics.inc();
-        tracing::error!(endpoint = %self.endpoint, "an attempt task ended without finishing (panicked); its Endpoint slot is given back, the sweeps recover its Delivery");
+        self.runner.metrics.in_flight.dec();
+        self.runner.metrics.task_panics.inc();
+        tracing::error!(endpoint = %self.endpoint, delivery = %self.claim.0, "an attempt task ended without finishing (panicked); its Endpoint slot and its Claim are given back");
         let slot_freed = self.slot_freed.load(std::sync::atomic::Ordering::Relaxed);
         let event = TaskEvent::Finished { endpoint: self.endpoint, place: self.place, busy: None, released: None, slot_freed };
-        // Without waiting (this is a drop); a full channel gets it from a task of its own.
-        if let Err(tokio::sync::mpsc::error::TrySendError::Full(event)) = self.events.try_send(event) {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let events = self.events.clone();
-                runtime.spawn(async move { events.send(event).await });
-            }
+        // Without waiting (this is a drop): the release, and the event if the channel is full,
+        // in a task of their own.
+        let full = match self.events.try_send(event) {
+            Err(tokio::sync::mpsc::error::TrySendError::Full(event)) => Some(event),
+            _ => None,
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (events, runner, (delivery, token)) = (self.events.clone(), self.runner.clone(), self.claim);
+            runtime.spawn(async move {
+                runner.give_back(delivery, token).await;
+                if let Some(event) = full {
+                    let _ = events.send(event).await;
+                }
+            });
         }
     }
 }

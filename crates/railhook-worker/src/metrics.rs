@@ -46,6 +46,8 @@ pub struct WorkerMetrics {
     pub in_flight: IntGauge,
     /// Attempt tasks that ended in a panic (their slot and permit were given back).
     pub task_panics: IntCounter,
+    /// Claims of such tasks given back to PENDING (`Runner::give_back`).
+    pub claims_given_back: IntCounter,
     /// Claims per `railhook_claim_batch` call.
     pub claim_batch_size: Histogram,
     pub finalise_batch_size: Histogram,
@@ -110,7 +112,8 @@ impl WorkerMetrics {
             )
             .expect("valid metric"),
             in_flight: IntGauge::new("railhook_worker_attempts_in_flight", "Attempts running in this process.").expect("valid metric"),
-            task_panics: counter("railhook_worker_task_panics_total", "Attempt tasks that panicked (their Endpoint slot was given back; the sweeps recover the Delivery)."),
+            task_panics: counter("railhook_worker_task_panics_total", "Attempt tasks that panicked (their Endpoint slot was given back, and their Claim if they held one)."),
+            claims_given_back: counter("railhook_worker_panicked_claims_given_back_total", "Claims of attempt tasks that panicked, given back to PENDING (due now) instead of waiting for the stuck sweep."),
             queue_depth: IntGauge::new("railhook_worker_pending_deliveries", "PENDING Deliveries (sampled by the sweeper).").expect("valid metric"),
             delivery_wait: prometheus::Gauge::new("railhook_worker_delivery_wait_seconds", "How long a new Delivery would wait for its claim in this worker's queues that wait on the worker itself (ingest pacing's signal).").expect("valid metric"),
             oldest_pending_age: prometheus::Gauge::new("railhook_worker_oldest_pending_age_seconds", "Age of the oldest due PENDING Delivery (sampled by the sweeper).").expect("valid metric"),
@@ -143,6 +146,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.swept.clone()))?;
         registry.register(Box::new(self.in_flight.clone()))?;
         registry.register(Box::new(self.task_panics.clone()))?;
+        registry.register(Box::new(self.claims_given_back.clone()))?;
         registry.register(Box::new(self.claim_batch_size.clone()))?;
         registry.register(Box::new(self.finalise_batch_size.clone()))?;
         registry.register(Box::new(self.queue_depth.clone()))?;

@@ -297,8 +297,9 @@ pub fn body(claimed: &Claimed) -> String {
 }
 
 impl Runner {
-    /// Claims the hint's Delivery (with the scheduler's token on the retry path), then runs
-    /// the Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
+    /// Claims the hint's Delivery under `token` (the caller's, so that a task that panics can
+    /// give the Claim back: [`Runner::give_back`]; the scheduler's token on the retry path is
+    /// the hint's), then runs the Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
     /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
     /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
@@ -312,7 +313,7 @@ impl Runner {
     ///
     /// Traces (issue 33): with the hint's trace context, the claim, the Attempt and the
     /// finalise are spans, children of that context in this order; untraced hints make none.
-    pub async fn run(&self, hint: Hint, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), behind_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    pub async fn run(&self, hint: Hint, token: ClaimToken, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), behind_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let trace = hint.trace.clone();
         let claim_span = match &trace {
             None => tracing::Span::none(),
@@ -320,7 +321,7 @@ impl Runner {
                 otel.kind = "consumer", railhook.delivery_id = %hint.delivery, railhook.claim = tracing::field::Empty),
         };
         traces::continue_from(&claim_span, trace.as_ref());
-        let claimed = self.claim(&hint, mode, &hard_stop).instrument(claim_span.clone()).await;
+        let claimed = self.claim(&hint, token, mode, &hard_stop).instrument(claim_span.clone()).await;
         if !claim_span.is_disabled() {
             let answer = match &claimed {
                 Ok(Some(ClaimResult::Claimed(_))) => "claimed",
@@ -398,12 +399,35 @@ impl Runner {
         self.attempt(claimed, claim_done, held, sent_tx, &hard_stop, trace.as_ref()).await
     }
 
+    /// Gives back the Claim `token` on `delivery` of a task that ended without finishing (it
+    /// panicked): PENDING and due now (the retry scheduler announces it), no Attempt spent,
+    /// instead of PROCESSING until the stuck sweep (which counts it against its Endpoint's
+    /// concurrency meanwhile). Conditional on the Claim, like every write: a Claim that was never won, or
+    /// whose finalise committed, is left as it is. A request the task had sent is sent again,
+    /// as after the sweep (duplicate window 8). If Postgres does not answer, the sweep is
+    /// still there.
+    pub async fn give_back(&self, delivery: railhook_core::DeliveryId, token: ClaimToken) {
+        let released = match connection(&self.pool).await {
+            // Due now on the database's clock: the retry scheduler announces it.
+            Ok(client) => lifecycle::release(&client, delivery, token, Some(self.clock.now())).await.map_err(|e| WorkerError::postgres("release", e)),
+            Err(e) => Err(e),
+        };
+        match released {
+            Ok(true) => {
+                self.metrics.claims_given_back.inc();
+                tracing::info!(%delivery, "the Claim of a task that panicked was given back");
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %crate::error::chain(&e), %delivery, "the Claim of a task that panicked could not be given back; the stuck sweep recovers it"),
+        }
+    }
+
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
     /// all) and while Postgres is unreachable (about five minutes). `None`: cut short by the
     /// hard stop. Both waits hold the hint's offset: a crash meanwhile redelivers the hint,
     /// and so does a shutdown (the offset stays uncommitted).
-    async fn claim(&self, hint: &Hint, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
-        let mut request = ClaimRequest { delivery: hint.delivery, token: ClaimToken::new(), hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at, position: hint.position };
+    async fn claim(&self, hint: &Hint, token: ClaimToken, mode: ClaimMode, hard_stop: &CancellationToken) -> Result<Option<ClaimResult>, WorkerError> {
+        let mut request = ClaimRequest { delivery: hint.delivery, token, hint: hint.claim_token, wait: mode == ClaimMode::Wait, announced_at: hint.announced_at, position: hint.position };
         let mut unseen_waits = UNSEEN_RETRY_MS.iter();
         let mut behind_waits = BEHIND_RETRY_MS.iter();
         let mut failures = 0u32;
@@ -472,7 +496,10 @@ impl Runner {
             outcome = self.sender.send(request).instrument(attempt_span.clone()) => outcome,
             _ = hard_stop.cancelled() => {
                 let client = connection(&self.pool).await?;
-                lifecycle::release(&client, claimed.id, claimed.token, None).await.map_err(|e| WorkerError::postgres("release", e))?;
+                // Due now, on the database's clock: the retry scheduler announces it again
+                // (its hint's offset was stored at the claim). With no due time it waited for
+                // the stranded sweep, an hour.
+                lifecycle::release(&client, claimed.id, claimed.token, Some(self.clock.now())).await.map_err(|e| WorkerError::postgres("release", e))?;
                 return Ok(Ran::Released.into());
             }
         };

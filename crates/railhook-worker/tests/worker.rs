@@ -471,6 +471,12 @@ async fn shutdown_finishes_in_flight_attempts_then_releases_the_rest() {
     assert_eq!(hang, ("PENDING".to_string(), 0), "the hanging one was released, no Attempt spent");
     assert_eq!(count(&sys.client, "SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'").await, 0);
     assert_eq!(count(&sys.client, "SELECT count(*) FROM attempts").await, 1);
+    // Released due now: the next worker's retry scheduler sends it again at once (its hint's
+    // offset was stored at the claim, so no hint brings it back), not the stranded sweep an
+    // hour later.
+    let System { db, config, client, pool, relay, relay_metrics, worker: _ } = sys;
+    let sys = System { worker: Worker::start(&config), db, config, client, pool, relay, relay_metrics };
+    eventually(Duration::from_secs(30), "the released Delivery sent again", || async { (receiver.hits("/hang").len() == 2).then_some(()) }).await;
     sys.stop().await;
 }
 
