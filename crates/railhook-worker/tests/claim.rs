@@ -228,3 +228,47 @@ async fn a_claim_commits_without_waiting_for_the_flush_unless_configured() {
         assert_eq!(status, "PROCESSING");
     }
 }
+
+/// The batch's fast path (every row claimable: one UPDATE for the batch, `rules.sql`) counts
+/// what is PROCESSING already, not only the batch: at the limit the whole batch is claimed,
+/// one over it the batch goes row by row and the limit holds.
+#[tokio::test]
+async fn a_whole_batch_is_claimed_only_within_what_is_processing_already() {
+    let (_db, pool, fixture) = setup(2).await;
+    let mut events = Vec::new();
+    for _ in 0..3 {
+        // One Delivery per endpoint per event.
+        events.push(fixture.ingest(&pool, "order.created").await.into_iter().map(|d| first(&d)).collect::<Vec<_>>());
+    }
+    let client = pool.get().await.unwrap();
+    // Nothing PROCESSING: both claimed.
+    assert_eq!(kinds(&store::claim_batch(&client, &events[0], &limits(2, 0)).await.unwrap()), ["claimed", "claimed"]);
+    // One PROCESSING per endpoint, limit 1: one more each would be two.
+    assert_eq!(
+        kinds(&store::claim_batch(&client, &events[1], &limits(1, 0)).await.unwrap()),
+        ["endpoint_concurrency", "endpoint_concurrency"]
+    );
+    // Project limit 3 with 2 PROCESSING: the batch of two does not fit, its first row does.
+    assert_eq!(kinds(&store::claim_batch(&client, &events[2], &limits(0, 3)).await.unwrap()), ["claimed", "project_concurrency"]);
+    // Two PROCESSING on one endpoint and one on the other; the three left (due again) take
+    // both to a limit of 3 exactly: the batch is claimed whole.
+    let processing: i64 = client.query_one("SELECT count(*) FROM deliveries WHERE status = 'PROCESSING'", &[]).await.unwrap().get(0);
+    assert_eq!(processing, 3);
+    client.execute("UPDATE deliveries SET next_retry_at = NULL WHERE status = 'PENDING'", &[]).await.unwrap();
+    let rest: Vec<ClaimRequest> = client
+        .query("SELECT id FROM deliveries WHERE status = 'PENDING' ORDER BY endpoint_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| ClaimRequest { delivery: DeliveryId(r.get::<_, Uuid>(0)), ..first(&events[0][0].delivery.to_string()) })
+        .collect();
+    assert_eq!(rest.len(), 3);
+    let k = kinds(&store::claim_batch(&client, &rest, &limits(3, 0)).await.unwrap());
+    assert_eq!(k, ["claimed", "claimed", "claimed"]);
+    let over: i64 = client
+        .query_one("SELECT count(*) FROM (SELECT endpoint_id FROM deliveries WHERE status = 'PROCESSING' GROUP BY endpoint_id HAVING count(*) > 3) o", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(over, 0);
+}

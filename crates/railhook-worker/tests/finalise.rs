@@ -220,3 +220,38 @@ async fn a_refused_batch_is_made_again_one_by_one() {
     assert_eq!(statuses.iter().filter(|s| *s == "SUCCESS").count(), 2);
     assert_eq!(statuses.iter().filter(|s| *s == "PROCESSING").count(), 1, "the bad one is left for the sweep");
 }
+
+/// A batch over two Endpoints with circuit rows: the one this batch opens goes the long way
+/// and reports it on its own last row; the other's outcomes are counted with the batch's
+/// statement for every closed circuit (rules.sql), and neither Endpoint's counts leak into
+/// the other's.
+#[tokio::test]
+async fn one_batch_opens_one_circuit_and_counts_the_other() {
+    let (db, pool, claimed) = setup(2, 4).await;
+    let circuit = Circuit { window_s: 60.0, min_volume: 4, ratio: 0.5 };
+    let at = Utc::now() + chrono::Duration::seconds(60);
+    let ok = |c: &Claimed| FinaliseRequest::new(c, Next::Success, None, record(200), true);
+    let bad = |c: &Claimed| FinaliseRequest::new(c, Next::RetryAt(at), Some("HTTP 500".into()), record(500), false);
+    let (a, b) = (claimed[0].endpoint_id, claimed.iter().find(|c| c.endpoint_id != claimed[0].endpoint_id).unwrap().endpoint_id);
+    let of = |e| claimed.iter().filter(move |c| c.endpoint_id == e).collect::<Vec<_>>();
+    let (ca, cb) = (of(a), of(b));
+    let conn = pool.get().await.unwrap();
+    // Rows for both circuits.
+    store::finalise_batch(&conn, &[ok(ca[0]), ok(cb[0])], &circuit).await.unwrap();
+    // A: 1 success and 3 failures (4 outcomes, 3 of 4 failed: opens). B: 3 successes.
+    let batch = vec![bad(ca[1]), ok(cb[1]), bad(ca[2]), ok(cb[2]), bad(ca[3]), ok(cb[3])];
+    let out = store::finalise_batch(&conn, &batch, &circuit).await.unwrap();
+    let changes: Vec<Option<String>> = out.iter().map(|f| f.circuit.map(|c| c.to_string())).collect();
+    assert_eq!(changes.iter().filter(|c| c.is_some()).count(), 1, "{changes:?}");
+    let opened_at = changes.iter().position(|c| c.as_deref() == Some("opened")).expect("A opened");
+    assert_eq!(batch[opened_at].endpoint_id, a, "reported on one of A's rows");
+    let state = |e: railhook_core::EndpointId| {
+        let client = &db;
+        async move {
+            let r = client.client().await.query_one("SELECT state, successes, failures FROM circuits WHERE target_id = $1", &[&e]).await.unwrap();
+            (r.get::<_, String>(0), r.get::<_, i32>(1), r.get::<_, i32>(2))
+        }
+    };
+    assert_eq!(state(a).await, ("open".to_string(), 0, 0));
+    assert_eq!(state(b).await, ("closed".to_string(), 4, 0));
+}

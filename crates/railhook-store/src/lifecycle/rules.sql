@@ -141,6 +141,10 @@ DECLARE
     seen_enabled boolean;
     seen_rate integer;
     closed_ep uuid;
+    -- The projects whose claim lock this batch took (the fast path below claims only rows
+    -- under both of their locks).
+    locked_prs uuid[] := '{}';
+    fast boolean;
 BEGIN
     IF cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_tokens)
        OR cardinality(p_deliveries) IS DISTINCT FROM cardinality(p_hints) THEN
@@ -156,13 +160,14 @@ BEGIN
     -- with `id = ANY (..) AND status = 'PENDING'` in one scan the planner may AND the
     -- primary key with deliveries_due_idx (every PENDING row), whose size it takes from
     -- the last ANALYZE; under a backlog that read every PENDING entry on each claim.
-    FOR k IN
+    FOR k, lock_ep IN
         WITH mine AS MATERIALIZED (SELECT dl.project_id, dl.status FROM deliveries dl WHERE dl.id = ANY (p_deliveries))
-        SELECT DISTINCT hashtextextended(mine.project_id::text, 7061) AS key
+        SELECT DISTINCT hashtextextended(mine.project_id::text, 7061) AS key, mine.project_id
         FROM mine WHERE mine.status = 'PENDING'
         ORDER BY key
     LOOP
         PERFORM pg_advisory_xact_lock(k);
+        locked_prs := locked_prs || lock_ep;
     END LOOP;
     FOR k, lock_ep, unnumbered IN
         WITH mine AS MATERIALIZED (SELECT dl.endpoint_id, dl.status, dl.ordered AND dl.sequence_number IS NULL AS unnumbered
@@ -238,6 +243,75 @@ BEGIN
         unwritten := cardinality(num_ids);
         IF unwritten > 0 THEN
             PERFORM set_config('railhook.claim_numbered', 'on', true);
+        END IF;
+    END IF;
+
+    -- The fast path (issue 30): a batch in which every row would be claimed by the loop
+    -- below is claimed in a few statements for the whole batch instead of about eight per
+    -- row. It applies when every row is found PENDING, due and under its hint's token, is
+    -- not ordered, appears once, and is under both claim locks taken above; every Endpoint
+    -- of the batch is enabled, without a rate limit, and its circuit closed (or without a
+    -- row); no project rate; and each Endpoint's and Project's PROCESSING count (read as
+    -- the loop reads it) plus the batch's rows for it stays within its limit. Those are the
+    -- conditions under which the loop claims every row, so the outcomes are the loop's.
+    -- Anything else (an ordered row, a limit that would bite, a circuit not closed, a
+    -- missing row) goes through the loop, row by row, unchanged.
+    IF NOT to_number AND p_project_rate <= 0 THEN
+        WITH w AS (
+            SELECT * FROM unnest(p_deliveries, p_hints) WITH ORDINALITY AS w(id, hint, ord)
+        ), r AS MATERIALIZED (
+            SELECT w.ord, dl.id, dl.project_id, dl.endpoint_id
+            FROM w LEFT JOIN deliveries dl
+              ON dl.id = w.id AND dl.status = 'PENDING'
+             AND (dl.next_retry_at IS NULL OR dl.next_retry_at <= now())
+             AND dl.claim_token IS NOT DISTINCT FROM w.hint AND NOT dl.ordered
+        ), per_ep AS (
+            SELECT r.project_id, r.endpoint_id, count(*) AS n FROM r WHERE r.id IS NOT NULL GROUP BY r.project_id, r.endpoint_id
+        ), per_pr AS (
+            SELECT r.project_id, count(*) AS n FROM r WHERE r.id IS NOT NULL GROUP BY r.project_id
+        )
+        SELECT (SELECT bool_and(r.id IS NOT NULL AND r.endpoint_id = ANY (locked_eps) AND r.project_id = ANY (locked_prs))
+                       AND count(DISTINCT r.id) = count(*) FROM r)
+           AND (SELECT bool_and(ep.id IS NOT NULL AND ep.enabled IS TRUE AND coalesce(ep.rate_limit_per_second, 0) <= 0
+                                AND coalesce(c.state, 'closed') = 'closed')
+                FROM per_ep LEFT JOIN endpoints ep ON ep.id = per_ep.endpoint_id
+                LEFT JOIN circuits c ON c.target_id = per_ep.endpoint_id)
+           AND (p_endpoint_concurrency <= 0 OR NOT EXISTS (
+                SELECT 1 FROM per_ep
+                WHERE per_ep.n + (SELECT count(*) FROM delivery_claims c
+                                  JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                                  WHERE c.project_id = per_ep.project_id AND c.endpoint_id = per_ep.endpoint_id
+                                    AND NOT coalesce(c.claim_token = ANY (p_finishing), false)) > p_endpoint_concurrency))
+           AND (p_project_concurrency <= 0 OR NOT EXISTS (
+                SELECT 1 FROM per_pr
+                WHERE per_pr.n + (SELECT count(*) FROM delivery_claims c
+                                  JOIN deliveries dc ON dc.id = c.delivery_id AND dc.claim_token = c.claim_token AND dc.status = 'PROCESSING'
+                                  WHERE c.project_id = per_pr.project_id
+                                    AND NOT coalesce(c.claim_token = ANY (p_finishing), false)) > p_project_concurrency))
+        INTO fast;
+        IF fast THEN
+            -- As the loop's claim: conditional (the retry scheduler takes PENDING rows without
+            -- these locks; a row it took since the read above is 'none'), HOT, and each
+            -- Claim's row in delivery_claims in the same statement.
+            RETURN QUERY
+            WITH w AS (
+                SELECT * FROM unnest(p_deliveries, p_tokens, p_hints) WITH ORDINALITY AS w(id, token, hint, ord)
+            ), claimed AS (
+                UPDATE deliveries dlc SET status = 'PROCESSING', claim_token = w.token, claimed_at = now(),
+                                        next_retry_at = NULL, updated_at = now()
+                FROM w
+                WHERE dlc.id = w.id AND dlc.status = 'PENDING' AND dlc.claim_token IS NOT DISTINCT FROM w.hint
+                RETURNING w.ord, dlc.id, dlc.project_id, dlc.endpoint_id, dlc.claim_token, dlc.claimed_at
+            ), claims AS (
+                INSERT INTO delivery_claims AS c (project_id, endpoint_id, delivery_id, claim_token, claimed_at)
+                SELECT claimed.project_id, claimed.endpoint_id, claimed.id, claimed.claim_token, claimed.claimed_at FROM claimed
+                ON CONFLICT (project_id, endpoint_id, delivery_id) DO UPDATE
+                    SET claim_token = excluded.claim_token, claimed_at = excluded.claimed_at
+            )
+            SELECT w.ord::integer, CASE WHEN claimed.id IS NULL THEN 'none' ELSE 'claimed' END
+            FROM w LEFT JOIN claimed ON claimed.ord = w.ord
+            ORDER BY w.ord;
+            RETURN;
         END IF;
     END IF;
 
@@ -660,6 +734,9 @@ DECLARE
     run_start integer := 1;
     run_tokens uuid[];
     run_healthy boolean[];
+    -- The Endpoints whose circuit the batch statement below did not count (no row, not
+    -- closed, or this batch opens it): recorded one by one.
+    slow_eps uuid[];
 BEGIN
     IF n <> coalesce(cardinality(p_tokens), 0) OR n <> coalesce(cardinality(p_attempt_ids), 0)
        OR n <> coalesce(cardinality(p_endpoints), 0) OR n <> coalesce(cardinality(p_healthy), 0)
@@ -744,18 +821,52 @@ BEGIN
     WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
     ON CONFLICT (id, started_at) DO NOTHING;
 
-    -- The circuit: once per Endpoint of the batch (the caller sorts by Endpoint, so its rows
-    -- are one run), with the outcomes of its fenced rows; a change is reported on the run's
-    -- last row.
+    -- The circuits, the common case for the whole batch in two statements (issue 30; it
+    -- was two statements and a function call per Endpoint of the batch): every closed
+    -- circuit that this batch does not open counts its Endpoint's fenced outcomes in its
+    -- window, as railhook_circuit_record_many's first statement does. Every circuit row of
+    -- the batch is locked first, in key order (the order of the runs below and of every
+    -- other finalise), whatever its state: the ones left to the runs below are then locked
+    -- already, so no two finalises wait for each other's rows in opposite orders.
+    IF cardinality(fenced) > 0 THEN
+        PERFORM 1 FROM circuits c
+        WHERE c.target_id IN (SELECT p_endpoints[j] FROM unnest(fenced) AS j)
+        ORDER BY c.target_id FOR UPDATE;
+        WITH o AS (
+            SELECT p_endpoints[j] AS ep, count(*) FILTER (WHERE p_healthy[j]) AS ok, count(*) FILTER (WHERE NOT p_healthy[j]) AS bad
+            FROM unnest(fenced) AS j GROUP BY p_endpoints[j]
+        ), w AS (
+            SELECT c.target_id, o.ep,
+                   c.window_start < now() - make_interval(secs => p_window_s) AS reset,
+                   CASE WHEN c.window_start < now() - make_interval(secs => p_window_s) THEN 0 ELSE c.successes END + o.ok AS ok,
+                   CASE WHEN c.window_start < now() - make_interval(secs => p_window_s) THEN 0 ELSE c.failures END + o.bad AS bad
+            FROM o JOIN circuits c ON c.target_id = o.ep AND c.state = 'closed'
+        ), counted AS (
+            UPDATE circuits c SET
+                window_start = CASE WHEN w.reset THEN now() ELSE c.window_start END,
+                successes = w.ok, failures = w.bad
+            FROM w
+            WHERE c.target_id = w.target_id
+              AND NOT (p_min_volume > 0 AND w.ok + w.bad >= p_min_volume AND w.bad::double precision / (w.ok + w.bad) >= p_ratio)
+            RETURNING c.target_id
+        )
+        SELECT array_agg(o.ep) INTO slow_eps FROM o WHERE o.ep NOT IN (SELECT counted.target_id FROM counted);
+    END IF;
+
+    -- The rest: once per Endpoint of the batch not counted above (the caller sorts by
+    -- Endpoint, so its rows are one run), with the outcomes of its fenced rows; a change is
+    -- reported on the run's last row.
     FOR i IN 1 .. n LOOP
         idx := i;
         wrote := i = ANY (fenced);
         circuit := NULL;
         IF i = n OR p_endpoints[i + 1] IS DISTINCT FROM p_endpoints[i] THEN
-            SELECT array_agg(p_tokens[j] ORDER BY j), array_agg(p_healthy[j] ORDER BY j) INTO run_tokens, run_healthy
-            FROM generate_series(run_start, i) AS j WHERE j = ANY (fenced);
-            IF run_tokens IS NOT NULL THEN
-                circuit := railhook_circuit_record_many(p_endpoints[i], 'endpoint', run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+            IF p_endpoints[i] = ANY (slow_eps) THEN
+                SELECT array_agg(p_tokens[j] ORDER BY j), array_agg(p_healthy[j] ORDER BY j) INTO run_tokens, run_healthy
+                FROM generate_series(run_start, i) AS j WHERE j = ANY (fenced);
+                IF run_tokens IS NOT NULL THEN
+                    circuit := railhook_circuit_record_many(p_endpoints[i], 'endpoint', run_tokens, run_healthy, p_window_s, p_min_volume, p_ratio);
+                END IF;
             END IF;
             run_start := i + 1;
         END IF;
