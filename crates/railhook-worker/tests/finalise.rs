@@ -255,3 +255,47 @@ async fn one_batch_opens_one_circuit_and_counts_the_other() {
     assert_eq!(state(a).await, ("open".to_string(), 0, 0));
     assert_eq!(state(b).await, ("closed".to_string(), 4, 0));
 }
+
+/// The Attempts' insert checks that each Delivery still exists by primary key, whatever the
+/// size `deliveries` had when the session's generic plan was made (the function forces
+/// generic plans). As a semi-join, the plan made on a small table hashed every Delivery of
+/// the table (through an index, seqscan being off) on each finalise: 34,000 rows a batch at
+/// the end of a saturation bench (seventeenth session). The rows read are counted in the
+/// transaction's own statistics (`pg_stat_xact_user_tables`).
+async fn claim_one(conn: &deadpool_postgres::Object, delivery: String) -> Claimed {
+    let request = [ClaimRequest { delivery: delivery.parse().unwrap(), token: ClaimToken::new(), hint: None, wait: false, announced_at: None, position: None }];
+    match store::claim_batch(conn, &request, &LIMITS).await.unwrap().remove(0) {
+        ClaimResult::Claimed(c) => *c,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_attempts_insert_reads_its_deliveries_by_key() {
+    let (db, pool, fixture) = Fixture::in_fresh_db(1).await;
+    let circuit = Circuit { window_s: 60.0, min_volume: 100, ratio: 0.5 };
+    let mut conn = pool.get().await.unwrap();
+    // The session's plan, made while the table holds one Delivery.
+    let first = claim_one(&conn, fixture.ingest(&pool, "order.created").await.remove(0)).await;
+    assert!(store::finalise_batch(&conn, &[FinaliseRequest::new(&first, Next::Success, None, record(200), true)], &circuit).await.unwrap()[0].wrote);
+    // The table grows (no ANALYZE: the plan stays), then one more is finalised.
+    let mut more = Vec::new();
+    for _ in 0..400 {
+        more.extend(fixture.ingest(&pool, "order.created").await);
+    }
+    let last = claim_one(&conn, more.pop().unwrap()).await;
+    let tx = conn.transaction().await.unwrap();
+    let read = "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables WHERE relname = 'deliveries'";
+    let before: i64 = tx.query_one(read, &[]).await.unwrap().get(0);
+    let out = store::finalise_batch(&tx, &[FinaliseRequest::new(&last, Next::Success, None, record(200), true)], &circuit).await.unwrap();
+    let after: i64 = tx.query_one(read, &[]).await.unwrap().get(0);
+    tx.commit().await.unwrap();
+    assert!(out[0].wrote);
+    let client = db.client().await;
+    let total: i64 = client.query_one("SELECT count(*) FROM deliveries", &[]).await.unwrap().get(0);
+    eprintln!("a finalise of one read {} rows of deliveries ({total} in the table)", after - before);
+    assert_eq!(total, 401);
+    assert!(after - before < 20, "the finalise of one Delivery read {} rows of deliveries ({total} in the table)", after - before);
+    let attempts: i64 = client.query_one("SELECT count(*) FROM attempts", &[]).await.unwrap().get(0);
+    assert_eq!(attempts, 2, "both Attempts on record");
+}

@@ -818,7 +818,11 @@ BEGIN
                            p_results, p_errors, p_headers, p_bodies, p_truncated, p_request_headers)
         AS u(id, project_id, delivery_id, attempt_number, started_at, duration_ms, status_code,
              result, error_message, response_headers, response_body, response_truncated, request_headers)
-    WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = u.delivery_id)
+    -- The batch's Deliveries that still exist, read by primary key: as a semi-join, the
+    -- generic plan made when `deliveries` was small hashed the whole table (through an
+    -- index, seqscan being off), 34,000 rows a batch at the end of a saturation bench
+    -- (seventeenth session; tests/finalise.rs `the_attempts_insert_reads_its_deliveries_by_key`).
+    WHERE u.delivery_id = ANY (ARRAY(SELECT d.id FROM deliveries d WHERE d.id = ANY (p_deliveries)))
     ON CONFLICT (id, started_at) DO NOTHING;
 
     -- The circuits, the common case for the whole batch in two statements (issue 30; it
