@@ -237,8 +237,13 @@ async fn a_whole_batch_is_claimed_only_within_what_is_processing_already() {
     let (_db, pool, fixture) = setup(2).await;
     let mut events = Vec::new();
     for _ in 0..3 {
-        // One Delivery per endpoint per event.
-        events.push(fixture.ingest(&pool, "order.created").await.into_iter().map(|d| first(&d)).collect::<Vec<_>>());
+        // One Delivery per endpoint per event, in the order the claim decides them (by
+        // Delivery id, without Kafka positions): which of a batch fits under a limit is then
+        // the first. (The fixture returns them in no particular order: this test failed once
+        // in scripts/test on that.)
+        let mut requests = fixture.ingest(&pool, "order.created").await.into_iter().map(|d| first(&d)).collect::<Vec<_>>();
+        requests.sort_by_key(|r| r.delivery.0);
+        events.push(requests);
     }
     let client = pool.get().await.unwrap();
     // Nothing PROCESSING: both claimed.
@@ -271,4 +276,39 @@ async fn a_whole_batch_is_claimed_only_within_what_is_processing_already() {
         .unwrap()
         .get(0);
     assert_eq!(over, 0);
+}
+
+/// Each statement of the claim reads its rows by key, whatever the size `deliveries` had
+/// when the session's generic plans were made (the claim forces generic plans; the
+/// finalise's Attempts insert once hashed the whole table that way, tests/finalise.rs
+/// `the_attempts_insert_reads_its_deliveries_by_key`). Both paths: the fast path, and the
+/// loop (a project rate sends every batch through it). The rows read are counted in the
+/// transaction's own statistics.
+#[tokio::test]
+async fn a_claim_reads_its_deliveries_by_key_however_the_table_grew() {
+    let (_db, pool, fixture) = setup(1).await;
+    let mut conn = pool.get().await.unwrap();
+    let fast = limits(100, 100);
+    let looped = Limits { project_rate: 100_000, ..limits(100, 100) };
+    // The session's plans, made while the table holds two Deliveries.
+    for l in [&fast, &looped] {
+        let d = fixture.ingest(&pool, "order.created").await;
+        assert_eq!(kinds(&store::claim_batch(&conn, &[first(&d[0])], l).await.unwrap()), ["claimed"]);
+    }
+    let mut more = Vec::new();
+    for _ in 0..400 {
+        more.extend(fixture.ingest(&pool, "order.created").await);
+    }
+    let read = "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables WHERE relname = 'deliveries'";
+    for (path, l) in [("fast path", &fast), ("loop", &looped)] {
+        let d = more.pop().unwrap();
+        let tx = conn.transaction().await.unwrap();
+        let before: i64 = tx.query_one(read, &[]).await.unwrap().get(0);
+        let out = store::claim_batch(&tx, &[first(&d)], l).await.unwrap();
+        let after: i64 = tx.query_one(read, &[]).await.unwrap().get(0);
+        tx.commit().await.unwrap();
+        eprintln!("{path}: a claim of one read {} rows of deliveries (402 in the table)", after - before);
+        assert_eq!(kinds(&out), ["claimed"], "{path}");
+        assert!(after - before < 20, "{path}: a claim of one Delivery read {} rows of deliveries (402 in the table)", after - before);
+    }
 }
