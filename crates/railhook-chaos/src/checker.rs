@@ -584,6 +584,25 @@ mod tests {
     }
 
     #[test]
+    fn a_request_cut_by_a_process_stop_that_lasted_is_window_8_anywhere_in_the_stop() {
+        // On inline, slot_invalidation stops the whole process: its shutdown grace ran from
+        // -27 s to -20 s, and cut a request the receiver had answered at -20.7 s, 6.3 s after
+        // the stop began (the quick inline run of the seventeenth session).
+        let (mut inputs, deliveries) = base();
+        inputs.arrivals.push(arrival(deliveries[1], -20_700, 200));
+        inputs.faults.push(FaultRecord { kind: FaultKind::SlotInvalidation, link: None, started_at: t(-27_000), ended_at: t(-20_000), at_accepted: 1, kills_a_worker: true, detail: serde_json::Value::Null });
+        let v = check(&inputs);
+        assert!(v.passed, "{:?}", v.failures);
+        assert_eq!((v.duplicates.total, v.duplicates.window_8_worker_killed), (1, 1));
+
+        // On Kafka the same fault stops only the relays: the duplicate is unexplained.
+        inputs.faults[0].kills_a_worker = false;
+        let v = check(&inputs);
+        assert!(!v.passed);
+        assert_eq!(v.duplicates.unexplained, 1);
+    }
+
+    #[test]
     fn a_claim_forgotten_by_a_crash_is_window_8_but_two_numbered_successes_are_not() {
         // Attempt 1 succeeded at 1 s, but Postgres crashed at 1.2 s and forgot its claim: the
         // Delivery went again, and its Attempt 1 (the same number) succeeded at 8 s.

@@ -106,8 +106,13 @@ impl DuplicateSummary {
 /// The faults as the explanations need them.
 #[derive(Debug, Clone, Default)]
 pub struct FaultTimes {
-    /// When a worker was killed.
-    pub kills: Vec<DateTime<Utc>>,
+    /// When a worker's process was ended: from the fault's start to its end. A kill is an
+    /// instant; on inline, `slot_invalidation` and the relay's kill stop the whole `railhook
+    /// all` process, whose shutdown grace runs for seconds before it cuts what is still in
+    /// flight (a quick inline run saw a request answered 0.7 s before that cut and 7 s after
+    /// the fault's start: taking the start alone left it unexplained). `clock_skew` stops
+    /// workers at its start and at its end, two instants.
+    pub kills: Vec<(DateTime<Utc>, DateTime<Utc>)>,
     /// When the workers could not write to Postgres.
     pub postgres_unreachable: Vec<(DateTime<Utc>, DateTime<Utc>)>,
     /// When Postgres crashed (until it was up again).
@@ -125,7 +130,10 @@ impl FaultTimes {
             kills: faults
                 .iter()
                 .filter(|f| f.kills_a_worker)
-                .flat_map(|f| std::iter::once(f.started_at).chain((f.kind == FaultKind::ClockSkew).then_some(f.ended_at)))
+                .flat_map(|f| match f.kind {
+                    FaultKind::ClockSkew => vec![(f.started_at, f.started_at), (f.ended_at, f.ended_at)],
+                    _ => vec![(f.started_at, f.ended_at)],
+                })
                 .collect(),
             postgres_unreachable: faults.iter().filter(|f| f.kind.postgres_unreachable(f.link)).map(|f| (f.started_at, f.ended_at)).collect(),
             crashes: faults.iter().filter(|f| f.kind == FaultKind::PostgresCrash).map(|f| (f.started_at, f.ended_at)).collect(),
@@ -175,7 +183,7 @@ pub fn explain(a: &Arrival, tried: &[&AttemptRow], timeout_s: i64, faults: &Faul
     }
     let from = a.received_at - Duration::seconds(1);
     let until = a.received_at + horizon;
-    if faults.kills.iter().any(|k| from <= *k && *k <= until) || faults.panics.iter().any(|(s, e)| *s <= until && from <= *e) {
+    if faults.kills.iter().any(|(s, e)| *s <= until && from <= *e) || faults.panics.iter().any(|(s, e)| *s <= until && from <= *e) {
         return Explanation::WorkerKilled;
     }
     if faults.postgres_unreachable.iter().any(|(s, e)| *s <= until && from <= *e) {
