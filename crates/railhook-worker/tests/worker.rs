@@ -474,10 +474,18 @@ async fn shutdown_finishes_in_flight_attempts_then_releases_the_rest() {
     // Released due now: the next worker's retry scheduler sends it again at once (its hint's
     // offset was stored at the claim, so no hint brings it back), not the stranded sweep an
     // hour later.
-    let System { db, config, client, pool, relay, relay_metrics, worker: _ } = sys;
-    let sys = System { worker: Worker::start(&config), db, config, client, pool, relay, relay_metrics };
-    eventually(Duration::from_secs(30), "the released Delivery sent again", || async { (receiver.hits("/hang").len() == 2).then_some(()) }).await;
-    sys.stop().await;
+    let due: bool = sys.client.query_one("SELECT next_retry_at <= now() FROM deliveries WHERE id = $1", &[&deliveries[1].parse::<railhook_core::DeliveryId>().unwrap()]).await.unwrap().get::<_, Option<bool>>(0).unwrap_or(false);
+    assert!(due, "the released Delivery is due");
+    if transport_from_env() == railhook_config::TransportKind::Kafka {
+        // (On inline a worker's announcements come from its own process's relay: a second
+        // worker here would hear nothing.)
+        let System { db, config, client, pool, relay, relay_metrics, worker: _ } = sys;
+        let sys = System { worker: Worker::start(&config), db, config, client, pool, relay, relay_metrics };
+        eventually(Duration::from_secs(30), "the released Delivery sent again", || async { (receiver.hits("/hang").len() == 2).then_some(()) }).await;
+        sys.stop().await;
+    } else {
+        sys.stop().await;
+    }
 }
 
 /// 6.4 sweeps: a stranded PENDING Delivery (announcement lost) is announced again and
