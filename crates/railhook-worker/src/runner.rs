@@ -407,12 +407,7 @@ impl Runner {
     /// as after the sweep (duplicate window 8). If Postgres does not answer, the sweep is
     /// still there.
     pub async fn give_back(&self, delivery: railhook_core::DeliveryId, token: ClaimToken) {
-        let released = match connection(&self.pool).await {
-            // Due now on the database's clock: the retry scheduler announces it.
-            Ok(client) => lifecycle::release(&client, delivery, token, Some(self.clock.now())).await.map_err(|e| WorkerError::postgres("release", e)),
-            Err(e) => Err(e),
-        };
-        match released {
+        match self.release_due_now(delivery, token).await {
             Ok(true) => {
                 self.metrics.claims_given_back.inc();
                 tracing::info!(%delivery, "the Claim of a task that panicked was given back");
@@ -420,6 +415,15 @@ impl Runner {
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %crate::error::chain(&e), %delivery, "the Claim of a task that panicked could not be given back; the stuck sweep recovers it"),
         }
+    }
+
+    /// Gives the Claim `token` on `delivery` back unsent: PENDING, due now on the database's
+    /// clock, so the retry scheduler announces it again (its hint's offset was stored at the
+    /// claim; with no due time it waited for the stranded sweep, an hour). Whether it was
+    /// given back (conditional on the Claim).
+    async fn release_due_now(&self, delivery: railhook_core::DeliveryId, token: ClaimToken) -> Result<bool, WorkerError> {
+        let client = connection(&self.pool).await?;
+        lifecycle::release(&client, delivery, token, Some(self.clock.now())).await.map_err(|e| WorkerError::postgres("release", e))
     }
 
     /// The claim, made again while the Delivery is not visible yet (`Missing`, about 4 s in
@@ -495,11 +499,7 @@ impl Runner {
         let outcome = tokio::select! {
             outcome = self.sender.send(request).instrument(attempt_span.clone()) => outcome,
             _ = hard_stop.cancelled() => {
-                let client = connection(&self.pool).await?;
-                // Due now, on the database's clock: the retry scheduler announces it again
-                // (its hint's offset was stored at the claim). With no due time it waited for
-                // the stranded sweep, an hour.
-                lifecycle::release(&client, claimed.id, claimed.token, Some(self.clock.now())).await.map_err(|e| WorkerError::postgres("release", e))?;
+                self.release_due_now(claimed.id, claimed.token).await?;
                 return Ok(Ran::Released.into());
             }
         };

@@ -16,5 +16,5 @@ while kill -0 $bp 2>/dev/null; do
   sleep 1
 done
 $P -c "COPY (SELECT calls, round(total_exec_time::numeric,1) AS ms, round((total_exec_time/calls)::numeric,4) AS per_call, rows, toplevel, left(regexp_replace(query,'\s+',' ','g'),160) FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 60) TO STDOUT WITH CSV HEADER" > $out.pgss.csv
-kill $bp; sleep 2; pkill -f "railhook-bench" ; pkill -f "target/release/railhook " ; true
+kill $bp; sleep 2; pkill -f "railhook-bench" ; pkill -f "target/release/railhook " ; pkill -f "$BIN/railhook --config" ; true
 grep "^e2e step" $out.log
