@@ -9,7 +9,9 @@ use railhook_core::pattern::{candidate_patterns, EventType};
 use railhook_core::{EventId, TraceContext};
 use railhook_telemetry::traces;
 use tracing::Instrument as _;
-use railhook_store::events::{self, Caller, EventFilter, IngestOutcome, NewEvent};
+use railhook_store::events::{self, EventFilter, IngestOutcome};
+
+use crate::ingest::Pending;
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult};
@@ -98,8 +100,8 @@ pub async fn create(
     let outcome = async {
         // Backpressure: while the workers are behind, wait here (no connection held).
         state.pacer.hold().await;
-        let client = state.pool.get().await?;
-        Ok::<_, ApiError>(events::ingest(&client, new.event(trace)).await?)
+        // In a batch with the POSTs beside it ([`crate::ingest`]).
+        state.ingest.ingest(new.into_pending(trace)).await
     }
     .instrument(span.clone())
     .await;
@@ -132,14 +134,13 @@ struct Valid<'a> {
 }
 
 impl Valid<'_> {
-    fn event(&self, trace: Option<TraceContext>) -> NewEvent<'_> {
-        NewEvent {
-            caller: Caller::ApiKey(self.key),
-            event_type: &self.body.event_type,
-            payload: &self.body.payload,
-            idempotency_key: self.idempotency_key,
-            request_sha256: events::request_sha256(&self.body.event_type, &self.body.payload),
-            candidate_patterns: self.candidate_patterns.clone(),
+    fn into_pending(self, trace: Option<TraceContext>) -> Pending {
+        Pending {
+            api_key: self.key.to_string(),
+            event_type: self.body.event_type,
+            payload: self.body.payload,
+            idempotency_key: self.idempotency_key.map(str::to_string),
+            candidate_patterns: self.candidate_patterns,
             trace,
         }
     }

@@ -22,6 +22,7 @@ pub mod events;
 pub mod extract;
 pub mod forwards;
 pub mod incoming;
+pub mod ingest;
 pub mod ingress;
 pub mod openapi;
 pub mod pacing;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub resolver: Resolver,
     /// Ingest pacing ([`pacing`]): off until [`run`] starts it.
     pub pacer: pacing::Pacer,
+    /// `POST /v1/events` in batches ([`ingest`]).
+    pub ingest: ingest::Ingest,
     /// Answers (and counts) a handler's panic ([`panics`]).
     pub panics: panics::PanicResponse,
     /// The test hook `GET /failpoints/panic` ([`panics::FAILPOINT_ENV`]); off by default.
@@ -54,12 +57,14 @@ pub struct AppState {
 impl AppState {
     pub fn new(config: Arc<Config>, pool: Pool, metrics: Metrics) -> AppState {
         let panics = panics::PanicResponse::new(&metrics);
+        let ingest = ingest::Ingest::new(pool.clone(), config.api.ingest_lanes, config.api.ingest_batch_max, &metrics);
         AppState {
             config,
             pool,
             metrics,
             resolver: railhook_core::address::system_resolver(),
             pacer: pacing::Pacer::off(),
+            ingest,
             panics,
             panic_route: panics::failpoint_from_env(),
         }

@@ -100,6 +100,14 @@ pub struct ApiConfig {
     /// A predicted wait above this is a backlog no hold can help (the catch-up after an
     /// outage): POSTs are then not held, so ingest absorbs at full speed as without pacing.
     pub ingest_hold_ignore_above_ms: u64,
+    /// `POST /v1/events` in batches (issue 30): at most this many statements run at once
+    /// for the API's POSTs, and the POSTs that arrive while they all run go together in
+    /// the next one (one statement and one commit for them all). Nothing waits for a batch
+    /// to fill: below this many POSTs at once each is its own statement, as it would be
+    /// without batching.
+    pub ingest_lanes: usize,
+    /// The most POSTs in one ingest statement. 1: every POST its own statement.
+    pub ingest_batch_max: usize,
 }
 
 /// The incoming direction's ingress, `POST /ingress/{token}` (served by the API).
@@ -525,6 +533,10 @@ impl Default for ApiConfig {
             ingest_hold_above_ms: 100,
             ingest_max_hold_ms: 1_000,
             ingest_hold_ignore_above_ms: 30_000,
+            // Four statements in flight share a WAL flush (group commit) and keep both
+            // cores of a small Postgres busy; more only queue in Postgres instead of here.
+            ingest_lanes: 4,
+            ingest_batch_max: 64,
         }
     }
 }

@@ -40,6 +40,12 @@ impl Config {
         if !(100..=3_600_000).contains(&self.api.body_read_timeout_ms) {
             problems.push(format!("api.body_read_timeout_ms is {}: it must be between 100 and 3600000 (30000 is the default)", self.api.body_read_timeout_ms));
         }
+        if self.api.ingest_lanes == 0 {
+            problems.push("api.ingest_lanes must be at least 1 (4 is the default)".into());
+        }
+        if self.api.ingest_batch_max == 0 {
+            problems.push("api.ingest_batch_max must be at least 1 (64 is the default; 1 runs one statement per POST)".into());
+        }
         if self.api.max_connections == 0 {
             problems.push("api.max_connections must be at least 1 (1024 is the default)".into());
         }

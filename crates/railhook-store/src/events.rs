@@ -233,23 +233,15 @@ pub async fn ingest<C: GenericClient + Sync>(db: &C, new: NewEvent<'_>) -> Resul
 }
 
 /// Several Events in ONE transaction, then one commit: a batch costs about one round trip
-/// and one WAL flush instead of one each per Event. When every caller is a
-/// `Caller::Project` (the Kafka source), ONE statement for the whole batch
-/// ([`batch::INGEST_BATCH_SQL`], the set form of [`INGEST_SQL`]); otherwise [`ingest`] for
-/// each, sent pipelined (tokio-postgres sends a query before the previous one's answer when
-/// their futures are polled together).
+/// and one WAL flush instead of one each per Event, and ONE statement for the whole batch
+/// ([`batch::INGEST_BATCH_SQL`], the set form of [`INGEST_SQL`]).
 ///
 /// The outcomes are in the order of `events`. An error of any statement rolls the whole batch
 /// back (nothing of it is written); the caller decides whether to retry it or to ingest its
 /// Events one by one to find the one the database refuses.
 pub async fn ingest_batch(client: &mut deadpool_postgres::Client, events: &[NewEvent<'_>]) -> Result<Vec<IngestOutcome>, StoreError> {
     let tx = client.transaction().await?;
-    let outcomes = if events.iter().all(|e| matches!(e.caller, Caller::Project(_))) {
-        batch::ingest_set(&tx, events).await?
-    } else {
-        let tx = &tx;
-        futures::future::try_join_all(events.iter().map(|e| ingest(tx, e.clone()))).await?
-    };
+    let outcomes = batch::ingest_set(&tx, events).await?;
     tx.commit().await?;
     Ok(outcomes)
 }

@@ -26,20 +26,29 @@ use tokio_postgres::types::Json;
 use super::{Caller, DeliverySummary, Event, IngestOutcome, NewEvent, DEFAULT_OUTGOING_DELAYS};
 use crate::StoreError;
 
-/// The set form of the ingest statement. Per Event (aligned arrays, `$1`-`$8`): id, Project,
-/// type, payload, idempotency key, request hash, traceparent, tracestate; the candidate
-/// patterns as pairs (`$9` the Event's position from 1, `$10` a pattern); `$11` the default
-/// ladder. One row per Delivery made (an Event with none: one row with NULLs), with the
-/// Event's position; Events not inserted (their key existed) have no row.
+/// The set form of the ingest statement. Per Event (aligned arrays, `$1`-`$8` and `$12`): id,
+/// Project (NULL for an API key's caller), type, payload, idempotency key, request hash,
+/// traceparent, tracestate, and the SHA-256 of the caller's API key (NULL for a Project's);
+/// the candidate patterns as pairs (`$9` the Event's position from 1, `$10` a pattern); `$11`
+/// the default ladder. One row per Delivery made (an Event with none: one row with NULLs),
+/// with the Event's position and its Project; an Event not inserted has one row without
+/// `created_at`: its key existed (Project set) or its API key is unknown or revoked
+/// (Project NULL).
 pub const INGEST_BATCH_SQL: &str = concat!(
     "
-WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[], $7::text[], $8::text[])
-        WITH ORDINALITY AS i(id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate, ord)
+WITH input AS MATERIALIZED (
+    -- The caller's Project: given, or the one of the API key whose SHA-256 is given (unknown
+    -- or revoked: NULL, nothing written, the Event's row below says so).
+    SELECT i.id, coalesce(i.project_id, k.project_id) AS project_id, i.event_type, i.payload, i.idempotency_key,
+           i.request_sha256, i.traceparent, i.tracestate, i.ord
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::text[], $6::bytea[], $7::text[], $8::text[], $12::bytea[])
+        WITH ORDINALITY AS i(id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate, key_sha256, ord)
+    LEFT JOIN api_keys k ON k.secret_sha256 = i.key_sha256 AND k.revoked_at IS NULL
 ),
 ev AS (
     INSERT INTO events (id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate)
-    SELECT id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate FROM input ORDER BY ord
+    SELECT id, project_id, event_type, payload, idempotency_key, request_sha256, traceparent, tracestate FROM input
+    WHERE project_id IS NOT NULL ORDER BY ord
     ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, project_id, created_at
 ),
@@ -73,9 +82,9 @@ ob AS (
                              coalesce(array_agg(made.tracestate ORDER BY made.ord, dl.id), '{}')) AS n
     FROM dl JOIN made ON made.id = dl.event_id
 )
-SELECT made.ord, made.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number
-FROM made CROSS JOIN ob LEFT JOIN dl ON dl.event_id = made.id
-ORDER BY made.ord, dl.id"
+SELECT i.ord, made.created_at, dl.id, dl.endpoint_id, dl.subscription_id, dl.sequence_number, i.project_id
+FROM input i CROSS JOIN ob LEFT JOIN made ON made.ord = i.ord LEFT JOIN dl ON dl.event_id = made.id
+ORDER BY i.ord, dl.id"
 );
 
 /// The Events of a batch not inserted (their keys existed), read back by key.
@@ -88,16 +97,42 @@ const DELIVERIES_OF_SQL: &str = "
 SELECT event_id, id, endpoint_id, subscription_id, status::text, attempt_count, sequence_number, next_retry_at, created_at
 FROM deliveries WHERE event_id = ANY($1) ORDER BY id";
 
-/// Ingests `events` (every caller a `Caller::Project`) with [`INGEST_BATCH_SQL`] on `db`
-/// (a transaction: the caller commits); the outcomes in the order of `events`.
-pub(super) async fn ingest_set<C: deadpool_postgres::GenericClient + Sync>(db: &C, events: &[NewEvent<'_>]) -> Result<Vec<IngestOutcome>, StoreError> {
+/// Ingests `events` with [`INGEST_BATCH_SQL`] on `db` (a transaction: the caller commits);
+/// the outcomes in the order of `events`; an API key that is unknown or revoked is
+/// [`IngestOutcome::Unauthenticated`] for its Event alone.
+pub async fn ingest_set<C: deadpool_postgres::GenericClient + Sync>(db: &C, events: &[NewEvent<'_>]) -> Result<Vec<IngestOutcome>, StoreError> {
+    let mut inserted = insert_set(db, events).await?;
+    inserted.resolve(db, events).await?;
+    inserted.finish()
+}
+
+/// What [`INGEST_BATCH_SQL`] did for each Event of a batch: its outcome, or `None` while its
+/// key existed and the Event it names is not read yet ([`Inserted::resolve`]).
+pub struct Inserted {
+    pub outcomes: Vec<Option<IngestOutcome>>,
+    /// Each Event's Project (an API key's caller: the key's).
+    projects: Vec<Option<uuid::Uuid>>,
+}
+
+/// [`INGEST_BATCH_SQL`] alone: one statement, so on a client (not a transaction) it is its
+/// own transaction, and an error means nothing of the batch was written (the API's batches
+/// of POSTs, `railhook_api::ingest`, then ingest each Event on its own).
+pub async fn insert_set<C: deadpool_postgres::GenericClient + Sync>(db: &C, events: &[NewEvent<'_>]) -> Result<Inserted, StoreError> {
     let n = events.len();
     let ids: Vec<EventId> = (0..n).map(|_| EventId::new()).collect();
-    let mut projects = Vec::with_capacity(n);
+    let mut projects: Vec<Option<uuid::Uuid>> = Vec::with_capacity(n);
+    let mut key_hashes: Vec<Option<Vec<u8>>> = Vec::with_capacity(n);
     for e in events {
         match e.caller {
-            Caller::Project(p) => projects.push(p.0),
-            Caller::ApiKey(_) => return Err(StoreError::Misconfigured("the set ingest takes Projects, not API keys".into())),
+            Caller::Project(p) => {
+                projects.push(Some(p.0));
+                key_hashes.push(None);
+            }
+            // A key without the prefix cannot exist: no hash, no Project, Unauthenticated.
+            Caller::ApiKey(secret) => {
+                projects.push(None);
+                key_hashes.push(secret.starts_with(crate::tenancy::API_KEY_PREFIX).then(|| crate::tenancy::hash_key(secret)));
+            }
         }
     }
     let uuids: Vec<uuid::Uuid> = ids.iter().map(|i| i.0).collect();
@@ -117,14 +152,22 @@ pub(super) async fn ingest_set<C: deadpool_postgres::GenericClient + Sync>(db: &
     let delays: Vec<i32> = DEFAULT_OUTGOING_DELAYS.to_vec();
     let statement = db.prepare_cached(INGEST_BATCH_SQL).await?;
     let rows = db
-        .query(&statement, &[&uuids, &projects, &types, &payloads, &keys, &hashes, &parents, &states, &cand_ord, &cand_pattern, &delays])
+        .query(&statement, &[&uuids, &projects, &types, &payloads, &keys, &hashes, &parents, &states, &cand_ord, &cand_pattern, &delays, &key_hashes])
         .await?;
 
     let mut outcomes: Vec<Option<IngestOutcome>> = (0..n).map(|_| None).collect();
     for r in &rows {
         let i = usize::try_from(r.try_get::<_, i64>(0)? - 1).map_err(|_| StoreError::Misconfigured("ingest batch: bad position".into()))?;
-        let created_at: DateTime<Utc> = r.try_get(1)?;
         let slot = outcomes.get_mut(i).ok_or_else(|| StoreError::Misconfigured("ingest batch: position out of range".into()))?;
+        let Some(project) = r.try_get::<_, Option<uuid::Uuid>>(6)? else {
+            *slot = Some(IngestOutcome::Unauthenticated);
+            continue;
+        };
+        // Not inserted: the key existed (read back below).
+        let Some(created_at) = r.try_get::<_, Option<DateTime<Utc>>>(1)? else {
+            projects[i] = Some(project);
+            continue;
+        };
         let IngestOutcome::Created(event) = slot.get_or_insert_with(|| {
             IngestOutcome::Created(Event {
                 id: ids[i],
@@ -151,46 +194,61 @@ pub(super) async fn ingest_set<C: deadpool_postgres::GenericClient + Sync>(db: &
         });
     }
 
-    // Not inserted: the key existed (before the batch, or earlier in it).
-    let missing: Vec<usize> = (0..n).filter(|&i| outcomes[i].is_none()).collect();
-    if !missing.is_empty() {
-        let key_projects: Vec<uuid::Uuid> = missing.iter().map(|&i| projects[i]).collect();
-        let key_names: Vec<&str> = missing.iter().map(|&i| events[i].idempotency_key.unwrap_or_default()).collect();
-        let found = db.query(BY_KEY_SQL, &[&key_projects, &key_names]).await?;
-        let mut replayed: HashMap<uuid::Uuid, Vec<usize>> = HashMap::new();
-        for r in &found {
-            let i = missing[usize::try_from(r.try_get::<_, i64>(0)? - 1).map_err(|_| StoreError::Misconfigured("ingest batch: bad key position".into()))?];
-            let hash: Option<Vec<u8>> = r.try_get(4)?;
-            if hash.as_deref() != Some(events[i].request_sha256.as_slice()) {
-                outcomes[i] = Some(IngestOutcome::KeyReused);
-                continue;
+    Ok(Inserted { outcomes, projects })
+}
+
+impl Inserted {
+    /// Reads the Events not inserted by their keys (they existed before the batch, or earlier
+    /// in it): a replay of the same request, or a key reused. Read after the insert committed
+    /// or within its transaction; an error leaves the outcomes known so far.
+    pub async fn resolve<C: deadpool_postgres::GenericClient + Sync>(&mut self, db: &C, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
+        let (outcomes, projects) = (&mut self.outcomes, &self.projects);
+        let n = outcomes.len();
+        let missing: Vec<usize> = (0..n).filter(|&i| outcomes[i].is_none()).collect();
+        if !missing.is_empty() {
+            let key_projects: Vec<Option<uuid::Uuid>> = missing.iter().map(|&i| projects[i]).collect();
+            let key_names: Vec<&str> = missing.iter().map(|&i| events[i].idempotency_key.unwrap_or_default()).collect();
+            let found = db.query(BY_KEY_SQL, &[&key_projects, &key_names]).await?;
+            let mut replayed: HashMap<uuid::Uuid, Vec<usize>> = HashMap::new();
+            for r in &found {
+                let i = missing[usize::try_from(r.try_get::<_, i64>(0)? - 1).map_err(|_| StoreError::Misconfigured("ingest batch: bad key position".into()))?];
+                let hash: Option<Vec<u8>> = r.try_get(4)?;
+                if hash.as_deref() != Some(events[i].request_sha256.as_slice()) {
+                    outcomes[i] = Some(IngestOutcome::KeyReused);
+                    continue;
+                }
+                let id: uuid::Uuid = r.try_get(1)?;
+                replayed.entry(id).or_default().push(i);
+                outcomes[i] = Some(IngestOutcome::Replayed(Event {
+                    id: EventId(id),
+                    event_type: r.try_get(2)?,
+                    payload: None,
+                    created_at: r.try_get(3)?,
+                    deliveries: Some(Vec::new()),
+                    trace_id: None,
+                }));
             }
-            let id: uuid::Uuid = r.try_get(1)?;
-            replayed.entry(id).or_default().push(i);
-            outcomes[i] = Some(IngestOutcome::Replayed(Event {
-                id: EventId(id),
-                event_type: r.try_get(2)?,
-                payload: None,
-                created_at: r.try_get(3)?,
-                deliveries: Some(Vec::new()),
-                trace_id: None,
-            }));
-        }
-        if !replayed.is_empty() {
-            let event_ids: Vec<uuid::Uuid> = replayed.keys().copied().collect();
-            for r in db.query(DELIVERIES_OF_SQL, &[&event_ids]).await? {
-                let summary = super::delivery_summary(&r, 1)?;
-                for &i in &replayed[&r.try_get::<_, uuid::Uuid>(0)?] {
-                    if let Some(IngestOutcome::Replayed(e)) = &mut outcomes[i] {
-                        e.deliveries.get_or_insert_with(Vec::new).push(summary.clone());
+            if !replayed.is_empty() {
+                let event_ids: Vec<uuid::Uuid> = replayed.keys().copied().collect();
+                for r in db.query(DELIVERIES_OF_SQL, &[&event_ids]).await? {
+                    let summary = super::delivery_summary(&r, 1)?;
+                    for &i in &replayed[&r.try_get::<_, uuid::Uuid>(0)?] {
+                        if let Some(IngestOutcome::Replayed(e)) = &mut outcomes[i] {
+                            e.deliveries.get_or_insert_with(Vec::new).push(summary.clone());
+                        }
                     }
                 }
             }
         }
+        Ok(())
     }
-    outcomes
-        .into_iter()
-        .enumerate()
-        .map(|(i, o)| o.ok_or_else(|| StoreError::Misconfigured(format!("ingest batch: the Event at {i} was neither inserted nor found by its key"))))
-        .collect()
+
+    /// Every Event's outcome, once [`Inserted::resolve`] ran.
+    pub fn finish(self) -> Result<Vec<IngestOutcome>, StoreError> {
+        self.outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| o.ok_or_else(|| StoreError::Misconfigured(format!("ingest batch: the Event at {i} was neither inserted nor found by its key"))))
+            .collect()
+    }
 }
