@@ -5,7 +5,8 @@
 //! free it starts one at once with whatever waits (up to `api.ingest_batch_max` POSTs), so
 //! a POST alone is its own statement, as before, and nothing waits for a batch to fill.
 //! Only while every lane is busy do POSTs gather, and the next free lane takes them all:
-//! the batch grows with the load, as a group commit does. A batch is the set form of the
+//! the batch grows with the load, as a group commit does. A POST alone goes with the
+//! statement for one Event (`events::INGEST_SQL`, cheaper for one). A batch is the set form of the
 //! ingest statement (`railhook_store::events::batch::INGEST_BATCH_SQL`), which looks each
 //! POST's API key up itself, so a batch is one round trip. Each POST gets its own answer:
 //! an unknown key, a replayed or reused `Idempotency-Key` concern its POST alone.
@@ -175,6 +176,16 @@ async fn run(inner: &Inner, jobs: Vec<Job>) {
         Err(e) => return answer_all(jobs, &ApiError::from(StoreError::from(e))),
     };
     let events: Vec<NewEvent<'_>> = jobs.iter().map(|j| j.pending.event()).collect();
+    // A POST alone: the statement for one Event, which costs Postgres less than the set
+    // form of one (light rate, BENCHMARKS "Issue 30, eighteenth session").
+    if let [event] = &events[..] {
+        let answer = events::ingest(&client, event.clone()).await.map_err(ApiError::from);
+        drop(events);
+        if let Some(job) = jobs.into_iter().next() {
+            let _ = job.reply.send(answer);
+        }
+        return;
+    }
     let mut inserted = match batch::insert_set(&client, &events).await {
         Ok(inserted) => inserted,
         // Refused by the server: the statement (its own transaction) wrote nothing.
