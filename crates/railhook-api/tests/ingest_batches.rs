@@ -111,11 +111,15 @@ async fn posts_that_arrive_together_share_one_statement_and_each_gets_its_own_an
     let (status, body) = first.await.unwrap();
     assert_eq!(status, 201, "{body}");
     let mut ids = std::collections::HashSet::new();
-    for post in plain {
+    for (n, post) in (1..=5).zip(plain) {
         let (status, body) = post.await.unwrap();
         assert_eq!(status, 201, "{body}");
         assert_eq!(body["deliveries"].as_array().unwrap().len(), 1, "its own Delivery: {body}");
-        assert!(ids.insert(body["id"].as_str().unwrap().to_string()), "each POST its own Event: {body}");
+        let id = body["id"].as_str().unwrap().to_string();
+        assert!(ids.insert(id.clone()), "each POST its own Event: {body}");
+        // The answer is this POST's Event, not a neighbour's.
+        let (status, got) = api.get(&p.key, &format!("/v1/events/{id}")).await;
+        assert_eq!((status, &got["payload"]["n"]), (200, &json!(n)), "{got}");
     }
     let (status, body) = other_project.await.unwrap();
     assert_eq!(status, 201, "{body}");

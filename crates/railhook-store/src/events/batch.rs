@@ -210,6 +210,7 @@ impl Inserted {
             let key_names: Vec<&str> = missing.iter().map(|&i| events[i].idempotency_key.unwrap_or_default()).collect();
             let found = db.query(BY_KEY_SQL, &[&key_projects, &key_names]).await?;
             let mut replayed: HashMap<uuid::Uuid, Vec<usize>> = HashMap::new();
+            let mut events_of: Vec<(usize, Event)> = Vec::new();
             for r in &found {
                 let i = missing[usize::try_from(r.try_get::<_, i64>(0)? - 1).map_err(|_| StoreError::Misconfigured("ingest batch: bad key position".into()))?];
                 let hash: Option<Vec<u8>> = r.try_get(4)?;
@@ -219,24 +220,30 @@ impl Inserted {
                 }
                 let id: uuid::Uuid = r.try_get(1)?;
                 replayed.entry(id).or_default().push(i);
-                outcomes[i] = Some(IngestOutcome::Replayed(Event {
-                    id: EventId(id),
-                    event_type: r.try_get(2)?,
-                    payload: None,
-                    created_at: r.try_get(3)?,
-                    deliveries: Some(Vec::new()),
-                    trace_id: None,
-                }));
+                events_of.push((
+                    i,
+                    Event {
+                        id: EventId(id),
+                        event_type: r.try_get(2)?,
+                        payload: None,
+                        created_at: r.try_get(3)?,
+                        deliveries: Some(Vec::new()),
+                        trace_id: None,
+                    },
+                ));
             }
+            // A replay is answered only with its Deliveries: the outcomes are set once they
+            // are read (an error leaves the replays without an outcome, not without
+            // Deliveries).
             if !replayed.is_empty() {
                 let event_ids: Vec<uuid::Uuid> = replayed.keys().copied().collect();
+                let mut deliveries: HashMap<uuid::Uuid, Vec<super::DeliverySummary>> = HashMap::new();
                 for r in db.query(DELIVERIES_OF_SQL, &[&event_ids]).await? {
-                    let summary = super::delivery_summary(&r, 1)?;
-                    for &i in &replayed[&r.try_get::<_, uuid::Uuid>(0)?] {
-                        if let Some(IngestOutcome::Replayed(e)) = &mut outcomes[i] {
-                            e.deliveries.get_or_insert_with(Vec::new).push(summary.clone());
-                        }
-                    }
+                    deliveries.entry(r.try_get::<_, uuid::Uuid>(0)?).or_default().push(super::delivery_summary(&r, 1)?);
+                }
+                for (i, mut event) in events_of {
+                    event.deliveries = Some(deliveries.get(&event.id.0).cloned().unwrap_or_default());
+                    outcomes[i] = Some(IngestOutcome::Replayed(event));
                 }
             }
         }
