@@ -3,28 +3,8 @@
 
 mod common;
 
-use common::{uuid_of, Api};
+use common::{endpoint_with, uuid_of, Api};
 use serde_json::json;
-
-/// An endpoint and subscriptions, written directly (the endpoint routes have their own tests).
-async fn endpoint_with(api: &Api, project: &str, patterns: &[(&str, bool)]) -> uuid::Uuid {
-    let client = api.db.client().await;
-    let ep = uuid::Uuid::now_v7();
-    client
-        .execute("INSERT INTO endpoints (id, project_id, url) VALUES ($1, $2, 'http://127.0.0.1:9/hook')", &[&ep, &uuid_of(project)])
-        .await
-        .unwrap();
-    for (pattern, ordering) in patterns {
-        client
-            .execute(
-                "INSERT INTO subscriptions (id, project_id, endpoint_id, event_type_pattern, ordering) VALUES ($1, $2, $3, $4, $5)",
-                &[&uuid::Uuid::now_v7(), &uuid_of(project), &ep, pattern, ordering],
-            )
-            .await
-            .unwrap();
-    }
-    ep
-}
 
 #[tokio::test]
 async fn ingest_writes_event_deliveries_and_outbox_in_one_transaction() {

@@ -8,17 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{uuid_of, Api};
+use common::{endpoint_with, metric, uuid_of, Api};
 use railhook_testkit::{eventually, test_config, TestDb};
 use serde_json::{json, Value};
-
-async fn metric(api: &Api, name: &str) -> f64 {
-    let text = api.http.get(api.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0.0)
-}
 
 /// One lane: a POST that finds it busy waits for the next batch.
 async fn start() -> Api {
@@ -27,22 +19,6 @@ async fn start() -> Api {
     config.api.ingest_lanes = 1;
     config.api.ingest_batch_max = 64;
     Api::start_with(db, config).await
-}
-
-async fn endpoint_for(api: &Api, project: &str, pattern: &str) {
-    let client = api.db.client().await;
-    let ep = uuid::Uuid::now_v7();
-    client
-        .execute("INSERT INTO endpoints (id, project_id, url) VALUES ($1, $2, 'http://127.0.0.1:9/hook')", &[&ep, &uuid_of(project)])
-        .await
-        .unwrap();
-    client
-        .execute(
-            "INSERT INTO subscriptions (id, project_id, endpoint_id, event_type_pattern) VALUES ($1, $2, $3, $4)",
-            &[&uuid::Uuid::now_v7(), &uuid_of(project), &ep, &pattern],
-        )
-        .await
-        .unwrap();
 }
 
 type Post = tokio::task::JoinHandle<(u16, Value)>;
@@ -92,8 +68,8 @@ async fn posts_that_arrive_together_share_one_statement_and_each_gets_its_own_an
     let api = start().await;
     let p = api.project().await;
     let q = api.project().await;
-    endpoint_for(&api, &p.id, "order.*").await;
-    endpoint_for(&api, &q.id, "order.*").await;
+    endpoint_with(&api, &p.id, &[("order.*", false)]).await;
+    endpoint_with(&api, &q.id, &[("order.*", false)]).await;
     let (status, original) = post(&api, &p.key, Some("k-replay"), json!({"type": "order.paid", "payload": {"n": 0}})).await.unwrap();
     assert_eq!(status, 201, "{original}");
 
@@ -152,7 +128,7 @@ async fn posts_that_arrive_together_share_one_statement_and_each_gets_its_own_an
 async fn a_batch_the_database_refuses_is_ingested_one_post_at_a_time() {
     let api = start().await;
     let p = api.project().await;
-    endpoint_for(&api, &p.id, "order.*").await;
+    endpoint_with(&api, &p.id, &[("order.*", false)]).await;
     // A refusal no request check makes: the database's own.
     api.db
         .client()

@@ -7,17 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Api;
+use common::{metric, Api};
 use railhook_testkit::{eventually, test_config, TestDb};
 use serde_json::json;
-
-async fn metric(api: &Api, name: &str) -> f64 {
-    let text = api.http.get(api.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0.0)
-}
 
 /// Reports `wait` as worker `instance` would (one NOTIFY).
 async fn report(pool: &railhook_store::Pool, instance: &str, wait: Duration) {

@@ -133,3 +133,32 @@ pub fn hmac_sha256_hex(key: &[u8], parts: &[&[u8]]) -> String {
     }
     hex::encode(mac.finalize().into_bytes())
 }
+
+/// An endpoint and subscriptions, written directly (the endpoint routes have their own tests).
+pub async fn endpoint_with(api: &Api, project: &str, patterns: &[(&str, bool)]) -> uuid::Uuid {
+    let client = api.db.client().await;
+    let ep = uuid::Uuid::now_v7();
+    client
+        .execute("INSERT INTO endpoints (id, project_id, url) VALUES ($1, $2, 'http://127.0.0.1:9/hook')", &[&ep, &uuid_of(project)])
+        .await
+        .unwrap();
+    for (pattern, ordering) in patterns {
+        client
+            .execute(
+                "INSERT INTO subscriptions (id, project_id, endpoint_id, event_type_pattern, ordering) VALUES ($1, $2, $3, $4, $5)",
+                &[&uuid::Uuid::now_v7(), &uuid_of(project), &ep, pattern, ordering],
+            )
+            .await
+            .unwrap();
+    }
+    ep
+}
+
+/// A sample of the API's `/metrics` by its name (with labels, if any), 0 when absent.
+pub async fn metric(api: &Api, name: &str) -> f64 {
+    let text = api.http.get(api.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0.0)
+}
