@@ -209,7 +209,6 @@ impl Inserted {
             let key_projects: Vec<Option<uuid::Uuid>> = missing.iter().map(|&i| projects[i]).collect();
             let key_names: Vec<&str> = missing.iter().map(|&i| events[i].idempotency_key.unwrap_or_default()).collect();
             let found = db.query(BY_KEY_SQL, &[&key_projects, &key_names]).await?;
-            let mut replayed: HashMap<uuid::Uuid, Vec<usize>> = HashMap::new();
             let mut events_of: Vec<(usize, Event)> = Vec::new();
             for r in &found {
                 let i = missing[usize::try_from(r.try_get::<_, i64>(0)? - 1).map_err(|_| StoreError::Misconfigured("ingest batch: bad key position".into()))?];
@@ -219,7 +218,6 @@ impl Inserted {
                     continue;
                 }
                 let id: uuid::Uuid = r.try_get(1)?;
-                replayed.entry(id).or_default().push(i);
                 events_of.push((
                     i,
                     Event {
@@ -235,8 +233,10 @@ impl Inserted {
             // A replay is answered only with its Deliveries: the outcomes are set once they
             // are read (an error leaves the replays without an outcome, not without
             // Deliveries).
-            if !replayed.is_empty() {
-                let event_ids: Vec<uuid::Uuid> = replayed.keys().copied().collect();
+            if !events_of.is_empty() {
+                let mut event_ids: Vec<uuid::Uuid> = events_of.iter().map(|(_, e)| e.id.0).collect();
+                event_ids.sort_unstable();
+                event_ids.dedup();
                 let mut deliveries: HashMap<uuid::Uuid, Vec<super::DeliverySummary>> = HashMap::new();
                 for r in db.query(DELIVERIES_OF_SQL, &[&event_ids]).await? {
                     deliveries.entry(r.try_get::<_, uuid::Uuid>(0)?).or_default().push(super::delivery_summary(&r, 1)?);
