@@ -4,9 +4,14 @@
 //! (`railhook_worker::queues::EndpointQueues::delivery_wait`: queues behind their own claims,
 //! never behind a slow Endpoint or a limit), through Postgres `NOTIFY`
 //! (`railhook_store::pacing`). This process `LISTEN`s on one connection and keeps the largest
-//! report fresher than [`FRESH`]. While that wait is above `api.ingest_hold_above_ms`, a POST
-//! waits before its statement until the wait falls back, at most `api.ingest_max_hold_ms`;
-//! then it runs anyway. So the producers slow to what the workers deliver, as a Kafka
+//! report fresher than [`FRESH`]. To it, the API adds what it accepted since that report, at
+//! the rate the report says the worker's requests end: a report is 50 ms old by the next, and 32
+//! connections put a thousand Events in that time (issue 30's hot Endpoint overshot its
+//! target before the next report said so). While that predicted wait is above
+//! `api.ingest_hold_above_ms`, a POST waits before its statement until a report lets it go,
+//! at most `api.ingest_max_hold_ms`; then it runs anyway. A report that a queue is a little
+//! behind thus lets as many POSTs go as it can take before the hold bound, not every waiting
+//! one at once. So the producers slow to what the workers deliver, as a Kafka
 //! broker's quota delays its answers, and a burst does not queue seconds of Deliveries
 //! behind itself. Nothing is refused, nothing accepted changes, no connection is held while
 //! waiting. Without reports (no worker, workers idle or dead, the `LISTEN` connection down)
@@ -14,6 +19,7 @@
 //! which holding cannot shorten) holds nothing either.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,8 +46,21 @@ pub struct Pacer {
     inner: Option<Arc<Inner>>,
 }
 
+/// The largest fresh report, as a held POST reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Signal {
+    /// The reported wait.
+    wait: Duration,
+    /// How fast that worker's requests end, Deliveries per second (0: not known, nothing added).
+    per_s: u32,
+    /// [`Inner::accepted`] when the report arrived.
+    accepted_at: u64,
+}
+
 struct Inner {
-    wait: watch::Receiver<Duration>,
+    wait: watch::Receiver<Signal>,
+    /// POSTs let go (held or not) since this process started.
+    accepted: Arc<AtomicU64>,
     hold_above: Duration,
     max_hold: Duration,
     ignore_above: Duration,
@@ -75,11 +94,13 @@ impl Pacer {
                 tracing::debug!(error = %e, "ingest pacing metric not registered");
             }
         }
-        let (tx, rx) = watch::channel(Duration::ZERO);
-        tokio::spawn(follow(database_url.to_string(), tx, wait_gauge, shutdown.clone()));
+        let (tx, rx) = watch::channel(Signal::default());
+        let accepted = Arc::new(AtomicU64::new(0));
+        tokio::spawn(follow(database_url.to_string(), tx, accepted.clone(), wait_gauge, shutdown.clone()));
         Pacer {
             inner: Some(Arc::new(Inner {
                 wait: rx,
+                accepted,
                 hold_above: Duration::from_millis(api.ingest_hold_above_ms),
                 max_hold: Duration::from_millis(api.ingest_max_hold_ms),
                 ignore_above: Duration::from_millis(api.ingest_hold_ignore_above_ms),
@@ -93,24 +114,56 @@ impl Pacer {
     /// Waits while the workers are behind (see the module doc); returns at once otherwise.
     pub async fn hold(&self) {
         let Some(inner) = &self.inner else { return };
-        let behind = |w: &Duration| *w > inner.hold_above && *w <= inner.ignore_above;
-        if !behind(&inner.wait.borrow()) {
-            return;
+        let mut signal = inner.wait.clone();
+        let mut since: Option<Instant> = None;
+        loop {
+            let s = *signal.borrow_and_update();
+            let count = inner.accepted.load(Ordering::Acquire);
+            if !inner.behind(&s, count) {
+                // Counted as it goes, so the POSTs a report lets go stop at its bound.
+                if inner.accepted.compare_exchange(count, count + 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    continue;
+                }
+                break;
+            }
+            let start = *since.get_or_insert_with(|| {
+                inner.holding.inc();
+                Instant::now()
+            });
+            // Until the next report; the bound passed or the follower ended: go on.
+            match tokio::time::timeout_at(start + inner.max_hold, signal.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => {
+                    inner.accepted.fetch_add(1, Ordering::AcqRel);
+                    break;
+                }
+            }
         }
-        let start = Instant::now();
-        let mut wait = inner.wait.clone();
-        inner.holding.inc();
-        // Either the wait fell back, the maximum passed, or the follower ended: go on.
-        let _ = tokio::time::timeout(inner.max_hold, wait.wait_for(|w| !behind(w))).await;
-        inner.holding.dec();
-        inner.held.inc();
-        inner.held_seconds.observe(start.elapsed().as_secs_f64());
+        if let Some(start) = since {
+            inner.holding.dec();
+            inner.held.inc();
+            inner.held_seconds.observe(start.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Inner {
+    /// The reported wait plus what this process let go since the report, at the reported
+    /// rate; behind while that is above the hold bound and the report within the ignore bound.
+    fn behind(&self, s: &Signal, accepted: u64) -> bool {
+        if s.wait > self.ignore_above || s.wait.is_zero() {
+            return false;
+        }
+        let since = accepted.saturating_sub(s.accepted_at);
+        let added = if s.per_s == 0 { Duration::ZERO } else { Duration::from_secs_f64(since as f64 / f64::from(s.per_s)) };
+        s.wait + added > self.hold_above
     }
 }
 
 /// The reports' keeper: the largest fresh report into `current`, re-read on every report and
-/// every quarter second (so a silent worker's last report ages out).
-async fn follow(url: String, current: watch::Sender<Duration>, gauge: prometheus::Gauge, shutdown: CancellationToken) {
+/// every quarter second (so a silent worker's last report ages out), with `accepted` as it was
+/// when that report arrived.
+async fn follow(url: String, current: watch::Sender<Signal>, accepted: Arc<AtomicU64>, gauge: prometheus::Gauge, shutdown: CancellationToken) {
     let (tx, mut reports) = mpsc::channel::<Report>(256);
     let listener = tokio::spawn(async move {
         loop {
@@ -123,7 +176,7 @@ async fn follow(url: String, current: watch::Sender<Duration>, gauge: prometheus
             tokio::time::sleep(RECONNECT).await;
         }
     });
-    let mut latest: HashMap<String, (Duration, Instant)> = HashMap::new();
+    let mut latest: HashMap<String, (Signal, Instant)> = HashMap::new();
     let mut tick = tokio::time::interval(FRESH / 4);
     loop {
         tokio::select! {
@@ -131,7 +184,9 @@ async fn follow(url: String, current: watch::Sender<Duration>, gauge: prometheus
             report = reports.recv() => match report {
                 Some(r) => {
                     if latest.len() < MAX_INSTANCES || latest.contains_key(&r.instance) {
-                        latest.insert(r.instance, (r.wait, Instant::now()));
+                        let signal = Signal { wait: r.wait, per_s: r.per_s, accepted_at: accepted.load(Ordering::Acquire) };
+                        tracing::debug!(instance = %r.instance, wait_ms = r.wait.as_millis() as u64, per_s = r.per_s, accepted = signal.accepted_at, "ingest pacing report");
+                        latest.insert(r.instance, (signal, Instant::now()));
                     }
                 }
                 None => break,
@@ -140,9 +195,9 @@ async fn follow(url: String, current: watch::Sender<Duration>, gauge: prometheus
         }
         let now = Instant::now();
         latest.retain(|_, (_, at)| now.duration_since(*at) < FRESH);
-        let wait = latest.values().map(|(w, _)| *w).max().unwrap_or_default();
-        gauge.set(wait.as_secs_f64());
-        current.send_if_modified(|w| std::mem::replace(w, wait) != wait);
+        let signal = latest.values().map(|(s, _)| *s).max_by_key(|s| s.wait).unwrap_or_default();
+        gauge.set(signal.wait.as_secs_f64());
+        current.send_if_modified(|s| std::mem::replace(s, signal) != signal);
     }
     listener.abort();
 }

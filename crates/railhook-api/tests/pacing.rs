@@ -11,10 +11,15 @@ use common::{metric, Api};
 use railhook_testkit::{eventually, test_config, TestDb};
 use serde_json::json;
 
-/// Reports `wait` as worker `instance` would (one NOTIFY).
+/// Reports `wait` as worker `instance` would (one NOTIFY), its drain rate not known.
 async fn report(pool: &railhook_store::Pool, instance: &str, wait: Duration) {
+    report_rate(pool, instance, wait, 0).await;
+}
+
+/// Reports `wait` and the rate its queue drains (`per_s`), as worker `instance` would.
+async fn report_rate(pool: &railhook_store::Pool, instance: &str, wait: Duration, per_s: u32) {
     let client = pool.get().await.unwrap();
-    railhook_store::pacing::publish(&client, instance, wait).await.unwrap();
+    railhook_store::pacing::publish(&client, instance, wait, per_s).await.unwrap();
 }
 
 async fn workers(api: &Api) -> railhook_store::Pool {
@@ -105,6 +110,58 @@ async fn a_hold_is_bounded_and_stale_or_hopeless_reports_hold_nothing() {
     let (status, _) = api.post(&p.key, "/v1/events", json!({"type": "order.paid", "payload": {}})).await;
     assert_eq!(status, 201);
     assert_eq!(metric(&api, "railhook_api_ingest_held_total").await, 1.0, "not held beyond the ignore bound");
+}
+
+/// Issue 30: what the API accepted since a report counts at the report's rate. A report of
+/// 51 ms at 100 Deliveries/s leaves room for 5 POSTs below the 100 ms hold bound; the sixth
+/// waits for the next report, which lets the next 5 go (and not every waiting POST at once).
+#[tokio::test]
+async fn posts_since_a_report_count_at_its_rate() {
+    let api = start(60_000).await;
+    assert_eq!(api.config.api.ingest_hold_above_ms, 100);
+    let p = api.project().await;
+    let w = workers(&api).await;
+    let post = |n: usize| {
+        let (http, url, key) = (api.http.clone(), api.url("/v1/events"), p.key.clone());
+        tokio::spawn(async move {
+            let resp = http.post(url).bearer_auth(key).json(&json!({"type": "order.paid", "payload": {"n": n}})).send().await.unwrap();
+            resp.status().as_u16()
+        })
+    };
+    eventually(Duration::from_secs(10), "the API to read a report", || async {
+        report_rate(&w, "w1", Duration::from_millis(50), 100).await;
+        (metric(&api, "railhook_api_delivery_wait_seconds").await == 0.05).then_some(())
+    })
+    .await;
+    // The report the API read last (another may still arrive from the loop above): once
+    // read, 5 POSTs fit.
+    report_rate(&w, "w1", Duration::from_millis(51), 100).await;
+    sees(&api, Duration::from_millis(51)).await;
+    for n in 0..4 {
+        assert_eq!(post(n).await.unwrap(), 201, "POST {n} fits in the report's room");
+    }
+    assert_eq!(metric(&api, "railhook_api_ingest_held_total").await, 0.0);
+    // 51 ms + 4 / 100 per s = 91 ms: one more fits, then 101 ms holds the rest.
+    let held: Vec<_> = (4..12).map(post).collect();
+    eventually(Duration::from_secs(10), "seven POSTs to be held", || async {
+        (metric(&api, "railhook_api_ingest_holding").await == 7.0).then_some(())
+    })
+    .await;
+    assert_eq!(api.count("SELECT count(*) FROM events").await, 5);
+    // The next report: room for 5 of the 7 (a report lives 1 s: these steps take far less).
+    report_rate(&w, "w1", Duration::from_millis(51), 100).await;
+    eventually(Duration::from_secs(10), "five held POSTs to go", || async {
+        (api.count("SELECT count(*) FROM events").await == 10).then_some(())
+    })
+    .await;
+    assert_eq!(metric(&api, "railhook_api_ingest_holding").await, 2.0, "the rest wait for the next report");
+    // Caught up: the rest go.
+    report_rate(&w, "w1", Duration::ZERO, 100).await;
+    for h in held {
+        assert_eq!(h.await.unwrap(), 201);
+    }
+    assert_eq!(api.count("SELECT count(*) FROM events").await, 12);
+    assert_eq!(metric(&api, "railhook_api_ingest_held_total").await, 7.0);
 }
 
 #[tokio::test]

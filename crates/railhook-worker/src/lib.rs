@@ -92,6 +92,7 @@ pub async fn run_with(config: Arc<Config>, metrics: WorkerMetrics, inline: Optio
             tracing::debug!(error = %e, "database clock sample");
         }
     }
+    warm_pool(&runner.pool, &config).await;
     jobs.spawn(runner.clock.clone().sample_loop(runner.pool.clone(), background.clone()));
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
@@ -105,7 +106,7 @@ pub async fn run_with(config: Arc<Config>, metrics: WorkerMetrics, inline: Optio
     // together: a Forwards consumer that stops on an error stops the Deliveries' (drained as
     // at shutdown) and the worker, so a supervisor sees it, as it would for the Deliveries'.
     // Ingest pacing's signal: the consume loop measures, this task tells the API processes.
-    let (wait_tx, wait_rx) = tokio::sync::watch::channel(Duration::ZERO);
+    let (wait_tx, wait_rx) = tokio::sync::watch::channel((Duration::ZERO, 0u32));
     jobs.spawn(pacing_loop(runner.pool.clone(), wait_rx, background.clone()));
     let consumers = shutdown.child_token();
     let mut incoming = tokio::spawn(forwards::serve(config.clone(), runner.pool.clone(), runner.sender.clone(), runner.clock.clone(), metrics.clone(), inline_forwards, consumers.clone()));
@@ -152,14 +153,38 @@ fn runner_for(config: &Config, metrics: &WorkerMetrics) -> Result<Runner, Worker
     Ok(Runner { settings: runner::AttemptSettings::from_config(w), pool, sender, metrics: metrics.clone(), claimer, finaliser, finishing, ordering, clock: clock::DbClock::default() })
 }
 
-fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError> {
-    let consumer: StreamConsumer = railhook_kafka::consumer_config(&config.kafka, &config.worker.group_id)
+/// The Deliveries consumer's context: sets `railhook_worker_consumer_joined` at its first
+/// assignment. Until then the consumer reads nothing (its group's join, then its positions),
+/// and a burst that starts meanwhile waits in Kafka: measured in issue 30, a hot Endpoint's
+/// burst begun as `/readyz` answered (before this check) had 800-1,500 Events accepted before
+/// the first reached the worker, and a p99 of 415-450 ms against 99-105 ms once the join was
+/// over.
+pub struct JoinContext {
+    joined: prometheus::IntGauge,
+}
+
+impl rdkafka::ClientContext for JoinContext {}
+
+impl rdkafka::consumer::ConsumerContext for JoinContext {
+    fn post_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &rdkafka::consumer::Rebalance<'_>) {
+        if let rdkafka::consumer::Rebalance::Assign(partitions) = rebalance {
+            tracing::info!(partitions = partitions.count(), "worker: Deliveries consumer assigned");
+            self.joined.set(1);
+        }
+    }
+}
+
+/// The Deliveries consumer.
+type DeliveriesConsumer = StreamConsumer<JoinContext>;
+
+fn subscribe(config: &Config, topic: &str, joined: prometheus::IntGauge) -> Result<DeliveriesConsumer, WorkerError> {
+    let consumer: DeliveriesConsumer = railhook_kafka::consumer_config(&config.kafka, &config.worker.group_id)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         // Find a topic created moments ago without waiting for the 5-minute refresh.
         .set("topic.metadata.refresh.interval.ms", "10000")
-        .create()
+        .create_with_context(JoinContext { joined })
         .map_err(|e| WorkerError::misconfigured("cannot create the Kafka consumer", e))?;
     consumer.subscribe(&[topic]).map_err(|e| WorkerError::misconfigured(format!("cannot subscribe to {topic}"), e))?;
     Ok(consumer)
@@ -170,7 +195,7 @@ fn subscribe(config: &Config, topic: &str) -> Result<StreamConsumer, WorkerError
 /// transport there is no consumer: a hint's place is (0, its sequence number in the channel)
 /// and its claim step's end sends its acknowledgement to the relay instead.
 struct Offsets<'a> {
-    consumer: Option<&'a StreamConsumer>,
+    consumer: Option<&'a DeliveriesConsumer>,
     topic: &'a str,
     tracker: consumer::OffsetTracker,
     acks: railhook_kafka::inline::Pending,
@@ -339,12 +364,12 @@ impl Consuming<'_> {
 }
 
 async fn consume(
-    config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<Duration>, task_panic: Option<Arc<failpoint::TaskPanic>>,
+    config: &Config, topic: &str, runner: Arc<Runner>, wait: tokio::sync::watch::Sender<(Duration, u32)>, task_panic: Option<Arc<failpoint::TaskPanic>>,
     mut inline: Option<tokio::sync::mpsc::Receiver<railhook_kafka::inline::InlineHint>>, shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
     let consumer = match inline {
         None => {
-            let consumer = subscribe(config, topic)?;
+            let consumer = subscribe(config, topic, runner.metrics.consumer_joined.clone())?;
             tracing::info!(topic, group = %config.worker.group_id, "worker consuming");
             Some(consumer)
         }
@@ -387,7 +412,8 @@ async fn consume(
             _ = measure.tick() => {
                 let w = c.queues.measure(tokio::time::Instant::now());
                 c.runner.metrics.delivery_wait.set(w.as_secs_f64());
-                wait.send_replace(w);
+                // The rate rounded up: a queue draining at all is never reported as rate 0.
+                wait.send_replace((w, c.queues.drain_per_s().ceil().min(f64::from(u32::MAX)) as u32));
             }
             Some(event) = events_rx.recv() => c.event(event),
             Some(_) = c.tasks.join_next(), if !c.tasks.is_empty() => {}
@@ -564,14 +590,37 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
     }
 }
 
+/// The connections a starting worker readies for the delivery path at most (`warm_pool`).
+const WARM_CONNECTIONS: usize = 8;
+
+/// Opens up to [`WARM_CONNECTIONS`] of the pool's connections at once (held together, so they
+/// are distinct) and readies each for the claim and the finalise
+/// (`railhook_store::lifecycle::warm`): measured in issue 30, a first burst after a start
+/// otherwise paid the connections' set-up and the claim functions' compilation in its first
+/// claims. A failure is only logged: the delivery path makes its connections as before.
+async fn warm_pool(pool: &railhook_store::Pool, config: &Config) {
+    let limits = lifecycle::Limits::from_config(&config.worker);
+    let n = config.database.max_connections.clamp(1, WARM_CONNECTIONS);
+    let warmed = futures::future::join_all((0..n).map(|_| async {
+        let client = pool.get().await.map_err(|e| e.to_string())?;
+        lifecycle::warm(&client, &limits).await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(client)
+    }))
+    .await;
+    let failed: Vec<String> = warmed.into_iter().filter_map(Result::err).collect();
+    if let Some(e) = failed.first() {
+        tracing::debug!(error = %e, failed = failed.len(), "warming the worker's connections");
+    }
+}
+
 /// How often the consume loop measures its delivery wait (the pacing loop reports each).
 const PACING_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Reports this worker's delivery wait to the API processes (ingest pacing,
 /// `railhook_store::pacing`) as the consume loop measures it (every [`PACING_INTERVAL`])
-/// while it is above zero, and once when it falls back to zero. A failed report is skipped:
-/// the next follows.
-async fn pacing_loop(pool: railhook_store::Pool, mut wait: tokio::sync::watch::Receiver<Duration>, shutdown: CancellationToken) {
+/// while it is above zero, and once when it falls back to zero, with the rate at which its
+/// requests end (`queues::EndpointQueues::drain_per_s`). A failed report is skipped: the next follows.
+async fn pacing_loop(pool: railhook_store::Pool, mut wait: tokio::sync::watch::Receiver<(Duration, u32)>, shutdown: CancellationToken) {
     let instance = uuid::Uuid::new_v4().simple().to_string();
     let mut last = Duration::ZERO;
     loop {
@@ -579,12 +628,12 @@ async fn pacing_loop(pool: railhook_store::Pool, mut wait: tokio::sync::watch::R
             _ = shutdown.cancelled() => return,
             changed = wait.changed() => if changed.is_err() { return },
         }
-        let now = *wait.borrow_and_update();
+        let (now, per_s) = *wait.borrow_and_update();
         if now.is_zero() && last.is_zero() {
             continue;
         }
         let reported = match pool.get().await {
-            Ok(client) => railhook_store::pacing::publish(&client, &instance, now).await.map_err(|e| e.to_string()),
+            Ok(client) => railhook_store::pacing::publish(&client, &instance, now, per_s).await.map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         match reported {

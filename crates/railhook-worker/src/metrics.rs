@@ -37,6 +37,9 @@ pub struct WorkerMetrics {
     /// Hints waiting in the per-Endpoint queues, and the bound.
     pub queue_waiting: IntGauge,
     pub queue_waiting_max: IntGauge,
+    /// 1 once the Deliveries consumer received its first assignment (its group's join is
+    /// over, possibly with no partition): `railhook worker`'s `/readyz` waits for it.
+    pub consumer_joined: IntGauge,
     /// Circuit breaker state changes by change (opened, closed, reopened).
     pub circuit_changes: IntCounterVec,
     /// Announcements the consumer could not parse (counted and skipped).
@@ -99,6 +102,7 @@ impl WorkerMetrics {
             claims_busy: IntCounterVec::new(Opts::new("railhook_worker_claims_busy_total", "Claims that found a concurrency or rate limit taken and waited in their Endpoint's queue, by limit."), &["reason"]).expect("valid metric"),
             queue_waiting: IntGauge::new("railhook_worker_queue_waiting", "Hints waiting in the worker's per-Endpoint queues for a free slot.").expect("valid metric"),
             queue_waiting_max: IntGauge::new("railhook_worker_queue_waiting_max", "The bound of hints waiting in all the per-Endpoint queues (worker.queue_max).").expect("valid metric"),
+            consumer_joined: IntGauge::new("railhook_worker_consumer_joined", "1 once the Deliveries consumer received its first partition assignment (its consumer group's join is over).").expect("valid metric"),
             circuit_changes: IntCounterVec::new(Opts::new("railhook_worker_circuit_changes_total", "Endpoint circuit state changes, by change."), &["change"]).expect("valid metric"),
             bad_messages: counter("railhook_worker_bad_messages_total", "Announcements that did not parse (skipped)."),
             scheduled: counter("railhook_worker_retries_scheduled_total", "Due retries claimed and announced by the scheduler."),
@@ -140,6 +144,7 @@ impl WorkerMetrics {
         registry.register(Box::new(self.ordering_parked.clone()))?;
         registry.register(Box::new(self.queue_waiting.clone()))?;
         registry.register(Box::new(self.queue_waiting_max.clone()))?;
+        registry.register(Box::new(self.consumer_joined.clone()))?;
         registry.register(Box::new(self.circuit_changes.clone()))?;
         registry.register(Box::new(self.bad_messages.clone()))?;
         registry.register(Box::new(self.scheduled.clone()))?;

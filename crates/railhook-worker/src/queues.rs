@@ -203,6 +203,12 @@ pub struct EndpointQueues {
     project_blocked: VecDeque<EndpointId>,
     /// The last [`Self::measure`].
     measured: Option<Instant>,
+    /// Requests ended since the last measure, every Endpoint's, and their rate (a moving
+    /// average that, unlike an Endpoint's, is not forgotten when its queue goes idle).
+    sent: u32,
+    drain_per_s: f64,
+    /// Whether the last measure returned a wait above zero.
+    behind: bool,
 }
 
 impl EndpointQueues {
@@ -215,6 +221,9 @@ impl EndpointQueues {
             backlog: VecDeque::new(),
             project_blocked: VecDeque::new(),
             measured: None,
+            sent: 0,
+            drain_per_s: 0.0,
+            behind: false,
         }
     }
 
@@ -234,6 +243,7 @@ impl EndpointQueues {
     /// An Attempt of `endpoint` told its request ended (`TaskEvent::Sent`): counted for the
     /// rate its queue drains.
     pub fn sent(&mut self, endpoint: EndpointId) {
+        self.sent += 1;
         if let Some(e) = self.endpoints.get_mut(&endpoint) {
             e.sent += 1;
         }
@@ -255,6 +265,8 @@ impl EndpointQueues {
     pub fn measure(&mut self, now: Instant) -> Duration {
         let secs = self.measured.map_or(0.0, |at| now.duration_since(at).as_secs_f64()).max(1e-3);
         self.measured = Some(now);
+        let rate = f64::from(std::mem::take(&mut self.sent)) / secs;
+        self.drain_per_s = if self.drain_per_s == 0.0 { rate } else { self.drain_per_s + DRAIN_WEIGHT * (rate - self.drain_per_s) };
         let mut wait = 0.0f64;
         for e in self.endpoints.values_mut() {
             let rate = f64::from(std::mem::take(&mut e.sent)) / secs;
@@ -267,7 +279,24 @@ impl EndpointQueues {
             let drained = if e.drain_per_s > 0.0 { e.waiting.len() as f64 / e.drain_per_s } else { 0.0 };
             wait = wait.max(drained).max(head);
         }
+        self.behind = wait > 0.0;
         Duration::from_secs_f64(wait.min(86_400.0))
+    }
+
+    /// While the last [`Self::measure`] returned a wait, the rate at which this worker's
+    /// requests end, every Endpoint's (per second, a moving average of the measures); 0
+    /// otherwise. Reported beside the wait: the API adds what it accepted since the report at
+    /// this rate. Not the waiting Endpoint's own rate: that one starts again from nothing each
+    /// time its queue goes idle (its state is dropped), and a few measures of a cold start
+    /// made it tens per second while the Endpoint took thousands (measured in issue 30). The
+    /// worker's rate errs the other way (a queue drains at most as fast as all of them), so
+    /// the API holds no more than it did without the rate.
+    pub fn drain_per_s(&self) -> f64 {
+        if self.behind {
+            self.drain_per_s
+        } else {
+            0.0
+        }
     }
 
     /// Hints waiting in all.
@@ -665,6 +694,7 @@ mod tests {
             wait = q.measure(tenth(k));
         }
         assert!((1_990..=2_010).contains(&wait.as_millis()), "the fast Endpoint's 2 s, not the slow one's 50 s: {wait:?}");
+        assert!((515.0..=525.0).contains(&q.drain_per_s()), "reported beside it, every Endpoint's rate (500/s + 20/s): {}", q.drain_per_s());
         // An Endpoint paused on a limit does not count, however long its queue, even with its
         // slots free of requests.
         slots[&limited].store(0, Ordering::Relaxed);
@@ -680,6 +710,7 @@ mod tests {
         // Once most of the fast Endpoint's slots are in their requests, its queue is its own.
         slots[&fast].store(6, Ordering::Relaxed);
         assert_eq!(q.measure(tenth(71)), Duration::ZERO);
+        assert_eq!(q.drain_per_s(), 0.0, "no wait, no rate");
     }
 
     #[test]

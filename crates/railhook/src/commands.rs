@@ -150,6 +150,21 @@ fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
     ]
 }
 
+/// `/readyz` of `railhook worker`: the relay's checks, and its Deliveries consumer has
+/// received its first assignment (`railhook_worker_consumer_joined`). Before that it reads
+/// nothing: a burst sent as soon as the process answered would wait in Kafka (issue 30).
+fn worker_checks(config: &Arc<Config>, joined: impl Fn() -> bool + Send + Sync + 'static) -> Vec<(&'static str, ReadyCheck)> {
+    let mut checks = relay_checks(config);
+    checks.push((
+        "kafka_consumer",
+        Arc::new(move || -> CheckFuture {
+            let joined = joined();
+            Box::pin(async move { if joined { Ok(()) } else { Err("the Deliveries consumer has not joined its consumer group yet".to_string()) } })
+        }) as ReadyCheck,
+    ));
+    checks
+}
+
 /// The inline transport hands announcements from the relay to the worker of one process:
 /// `railhook relay` and `railhook worker` alone cannot use it.
 fn needs_kafka(config: &Config, command: &str) -> anyhow::Result<()> {
@@ -224,7 +239,10 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     let source = kafka_source(&config, &metrics, &shutdown)?;
-    let ops = railhook_telemetry::ops_router(Ops::new(metrics, relay_checks(&config)));
+    let ops = railhook_telemetry::ops_router(Ops::new(metrics, worker_checks(&config, {
+        let joined = worker_metrics.consumer_joined.clone();
+        move || joined.get() == 1
+    })));
     let server = tokio::spawn(railhook_telemetry::serve(listener, ops, shutdown.clone()));
     let result = railhook_worker::run(config, worker_metrics, shutdown.clone()).await;
     shutdown.cancel();

@@ -360,8 +360,9 @@ pub async fn report(args: &Args, names: &[&str]) -> anyhow::Result<serde_json::V
 /// One phase on a clean stack; `pacing`: `api.ingest_pacing` (the default, on).
 async fn run_spec(args: &Args, spec: &'static Spec, pacing: bool) -> anyhow::Result<Vec<Figures>> {
     let (rx, rx_addr) = Receiver::start().await?;
-    let mut stack = Stack::start(&args.bin()?, spec.name, true, |c| c.api.ingest_pacing = pacing).await?;
     let suffix = if pacing { "" } else { "_pacing_off" };
+    // Its own directory (configs and logs) beside the phase with pacing on.
+    let mut stack = Stack::start(&args.bin()?, &format!("{}{suffix}", spec.name), true, |c| c.api.ingest_pacing = pacing).await?;
     for n in 0..spec.endpoints {
         stack.endpoint_with(&format!("http://{rx_addr}/{}/{n}", spec.name), EVENT_TYPE, spec.ordering).await?;
     }

@@ -147,6 +147,19 @@ pub async fn claim_batch<C: Prepared>(db: &C, requests: &[ClaimRequest], limits:
     claim_batch_finishing(db, requests, limits, &[], &[]).await
 }
 
+/// Readies one connection for the delivery path: prepares the claim, its read and the
+/// finalise, and runs the claim once for a Delivery that does not exist (it answers
+/// [`ClaimResult::Missing`] and writes nothing), so that this backend has compiled the
+/// claim's PL/pgSQL functions and planned their statements. A worker does this on its
+/// connections as it starts (`railhook_worker`): otherwise the first burst after a start pays
+/// it, in its first claims, on every connection at once.
+pub async fn warm<C: Prepared>(db: &C, limits: &Limits) -> Result<(), tokio_postgres::Error> {
+    db.prepare_cached(super::finalise::FINALISE_SQL).await?;
+    let probe = ClaimRequest { delivery: DeliveryId::new(), token: ClaimToken::new(), hint: None, wait: true, announced_at: None, position: None };
+    claim_batch(db, &[probe], limits).await?;
+    Ok(())
+}
+
 /// [`claim_batch`] for a worker whose Claims in `finishing` have had their HTTP request end
 /// and wait for their finalise's commit: those PROCESSING rows do not count against the
 /// concurrency limits (they no longer hold a receiver's connection). Only the caller's own

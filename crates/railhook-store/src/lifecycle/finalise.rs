@@ -105,6 +105,10 @@ impl FinaliseRequest {
     }
 }
 
+/// The finalise, one statement (`rules.sql`).
+pub(crate) const FINALISE_SQL: &str =
+    "SELECT idx, wrote, circuit, released FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)";
+
 /// 6.2's finalise for many Attempts in one statement and one commit
 /// (`railhook_finalise_batch`, `rules.sql`): each Attempt is inserted whatever happens to
 /// its fence (every Attempt is on record); its Delivery changes, and its successor is
@@ -137,11 +141,7 @@ pub async fn finalise_batch<C: Prepared>(db: &C, requests: &[FinaliseRequest], c
     let truncated: Vec<bool> = sorted.iter().map(|r| r.attempt.response_truncated).collect();
     let request_headers: Vec<&serde_json::Value> = sorted.iter().map(|r| &r.attempt.request_headers).collect();
     let healthy: Vec<bool> = sorted.iter().map(|r| r.healthy).collect();
-    let statement = db
-        .prepare_cached(
-            "SELECT idx, wrote, circuit, released FROM railhook_finalise_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)",
-        )
-        .await?;
+    let statement = db.prepare_cached(FINALISE_SQL).await?;
     let rows = db
         .query(
             &statement,

@@ -70,7 +70,7 @@ pub mod manual;
 pub mod replay;
 pub mod schedule;
 
-pub use claim::{claim_batch, claim_batch_finishing, park_held, ClaimRequest, ClaimResult, Claimed, Limits};
+pub use claim::{claim_batch, claim_batch_finishing, park_held, warm, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
 pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, restore_claims, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
 
