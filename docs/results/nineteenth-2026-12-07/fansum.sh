@@ -1,0 +1,6 @@
+cd $1 && for f in *-[0-9].json; do python3 -c "
+import json,sys;d=json.load(open('$f'));F=d['benchmarks'][0]['figures']
+f=F['hot_endpoint'];l=f['latency_201_to_arrival'];g=F['hot_endpoint_700_per_s']['latency_201_to_arrival']
+fo=F.get('fanout_10');fl=fo['latency_201_to_arrival'] if fo else {}
+print('$f'.ljust(12), 'hot %5.0f/s p50 %5.1f p99 %5.1f'%(f['deliveries_per_s'],l['p50_ms'],l['p99_ms']), 'first-s',f['max_ms_by_second'][0], '| 700/s p99 %.1f'%g['p99_ms'], '| fanout %5.0f/s p99 %5.1f first-s %s'%(fo['deliveries_per_s'],fl['p99_ms'],fo['max_ms_by_second'][0]) if fo else '')
+"; done
