@@ -45,7 +45,7 @@ env:
 {{- end }}
 {{- end -}}
 
-{{/* /healthz (the process is up) and /readyz (Postgres and Kafka answer) on a named port. */}}
+{{/* /healthz (the process is up) and /readyz (Postgres and Kafka answer; the worker's also its consumer group's join) on a named port. */}}
 {{- define "railhook.probes" -}}
 livenessProbe:
   httpGet:
