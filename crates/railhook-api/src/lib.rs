@@ -52,6 +52,9 @@ pub struct AppState {
     pub panics: panics::PanicResponse,
     /// The test hook `GET /failpoints/panic` ([`panics::FAILPOINT_ENV`]); off by default.
     pub panic_route: bool,
+    /// `/readyz` checks beside Postgres' (`railhook all` on Kafka: its worker's consumer
+    /// has joined its group); none by default.
+    pub ready_checks: Vec<(&'static str, ReadyCheck)>,
 }
 
 impl AppState {
@@ -67,6 +70,7 @@ impl AppState {
             ingest,
             panics,
             panic_route: panics::failpoint_from_env(),
+            ready_checks: Vec::new(),
         }
     }
 }
@@ -135,7 +139,9 @@ fn v1(state: AppState) -> Router {
 /// The whole router. Tests call it directly. A handler's panic anywhere in it is a JSON 500
 /// ([`panics`]).
 pub fn app(state: AppState) -> Router {
-    let ops = Ops::new(state.metrics.clone(), vec![("postgres", postgres_check(state.pool.clone()))]);
+    let mut checks = vec![("postgres", postgres_check(state.pool.clone()))];
+    checks.extend(state.ready_checks.iter().cloned());
+    let ops = Ops::new(state.metrics.clone(), checks);
     let ingress = ingress::router(&state);
     let ui = railhook_ui::router(railhook_ui::UiState::new(state.config.clone(), state.pool.clone()));
     let (panics, panic_route) = (state.panics.clone(), state.panic_route);

@@ -150,19 +150,22 @@ fn relay_checks(config: &Arc<Config>) -> Vec<(&'static str, ReadyCheck)> {
     ]
 }
 
-/// `/readyz` of `railhook worker`: the relay's checks, and its Deliveries consumer has
-/// received its first assignment (`railhook_worker_consumer_joined`). Before that it reads
-/// nothing: a burst sent as soon as the process answered would wait in Kafka (issue 30).
-fn worker_checks(config: &Arc<Config>, joined: impl Fn() -> bool + Send + Sync + 'static) -> Vec<(&'static str, ReadyCheck)> {
+/// `/readyz` of `railhook worker`: the relay's checks and [`consumer_check`].
+fn worker_checks(config: &Arc<Config>, worker: railhook_worker::WorkerMetrics) -> Vec<(&'static str, ReadyCheck)> {
     let mut checks = relay_checks(config);
-    checks.push((
-        "kafka_consumer",
-        Arc::new(move || -> CheckFuture {
-            let joined = joined();
-            Box::pin(async move { if joined { Ok(()) } else { Err("the Deliveries consumer has not joined its consumer group yet".to_string()) } })
-        }) as ReadyCheck,
-    ));
+    checks.push(("kafka_consumer", consumer_check(worker)));
     checks
+}
+
+/// The worker's Deliveries consumer has received its first assignment
+/// (`railhook_worker_consumer_joined`). Before that it reads nothing: a burst sent as soon as
+/// the process answered would wait in Kafka (issue 30). `railhook worker`'s `/readyz`, and
+/// `railhook all`'s on the Kafka transport.
+fn consumer_check(worker: railhook_worker::WorkerMetrics) -> ReadyCheck {
+    Arc::new(move || -> CheckFuture {
+        let joined = worker.consumer_joined.get() == 1;
+        Box::pin(async move { if joined { Ok(()) } else { Err("the Deliveries consumer has not joined its consumer group yet".to_string()) } })
+    }) as ReadyCheck
 }
 
 /// The inline transport hands announcements from the relay to the worker of one process:
@@ -239,10 +242,7 @@ pub async fn worker(config: Config) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     let source = kafka_source(&config, &metrics, &shutdown)?;
-    let ops = railhook_telemetry::ops_router(Ops::new(metrics, worker_checks(&config, {
-        let joined = worker_metrics.consumer_joined.clone();
-        move || joined.get() == 1
-    })));
+    let ops = railhook_telemetry::ops_router(Ops::new(metrics, worker_checks(&config, worker_metrics.clone())));
     let server = tokio::spawn(railhook_telemetry::serve(listener, ops, shutdown.clone()));
     let result = railhook_worker::run(config, worker_metrics, shutdown.clone()).await;
     shutdown.cancel();
@@ -307,7 +307,10 @@ pub async fn all(config: Config) -> anyhow::Result<ExitCode> {
         false => None,
     };
     let listen = config.api.listen;
-    let state = api_state(config, metrics).await?;
+    let mut state = api_state(config, metrics).await?;
+    if inline_rx.is_none() {
+        state.ready_checks.push(("kafka_consumer", consumer_check(worker_metrics.clone())));
+    }
     let config = state.config.clone();
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
     let shutdown = CancellationToken::new();
