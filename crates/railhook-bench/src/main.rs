@@ -75,6 +75,8 @@ pub struct Args {
     pub transports_busy_rate: f64,
     /// `tracing`'s rounds of (off, on).
     pub tracing_rounds: usize,
+    /// e2e without its clean-database phases (`--no-clean-phases`).
+    no_clean_phases: bool,
 }
 
 impl Args {
@@ -111,6 +113,7 @@ fn parse_args() -> anyhow::Result<Args> {
         retention_max_rows_per_second: None,
         transports_busy_rate: 800.0,
         tracing_rounds: 2,
+        no_clean_phases: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -130,6 +133,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--replay-no-alternate" => args.replay_no_alternate = true,
             "--replay-pause-ms" => args.replay_pause_ms = Some(it.next().context("--replay-pause-ms needs a value")?.parse().context("--replay-pause-ms: milliseconds")?),
             "--transports-busy-rate" => args.transports_busy_rate = it.next().context("--transports-busy-rate needs a value")?.parse().context("--transports-busy-rate: events per second")?,
+            "--no-clean-phases" => args.no_clean_phases = true,
             "--tracing-rounds" => args.tracing_rounds = it.next().context("--tracing-rounds needs a value")?.parse().context("--tracing-rounds: a count")?,
             "--retention-live-rate" => args.retention_live_rate = it.next().context("--retention-live-rate needs a value")?.parse().context("--retention-live-rate: events per second")?,
             "--retention-pairs" => args.retention_pairs = it.next().context("--retention-pairs needs a value")?.parse().context("--retention-pairs: a count")?,
@@ -150,6 +154,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  ingress: POST /ingress/{{token}} at saturation, then at half of it; ingest runs first for the ratio unless named before it");
                 println!("  --duration: relay_latency, ingest, each ingress phase and the fixed-rate e2e runs (default 30)");
                 println!("  --connections: ingest's and ingress's HTTP connections (default 32)");
+                println!("  --no-clean-phases: e2e (or memory) without the clean-database phases (the saturation search, half saturation and light rate only)");
                 println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
                 println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput;");
@@ -187,7 +192,7 @@ async fn main() -> anyhow::Result<()> {
     let mut results = Vec::new();
     let mut e2e_done = false;
     // The clean-database phases: all of them within e2e, else the ones named.
-    let whole_e2e = args.names.iter().any(|n| n == "e2e" || n == "memory");
+    let whole_e2e = !args.no_clean_phases && args.names.iter().any(|n| n == "e2e" || n == "memory");
     let clean: Vec<&str> = e2e::CLEAN_PHASES.into_iter().filter(|p| whole_e2e || args.names.iter().any(|n| n == p)).collect();
     for name in &args.names {
         match name.as_str() {

@@ -227,6 +227,9 @@ enum TaskEvent {
     Claimed { partition: i32, offset: i64 },
     /// The task's HTTP request ended (its finalise follows): the Endpoint's slot is free.
     Sent { endpoint: EndpointId },
+    /// The claim told the Endpoint's Project, which the queues did not know
+    /// (`queues::Start::knows_project`).
+    Project { endpoint: EndpointId, project: railhook_core::ProjectId },
     /// The task's Delivery was claimed behind its predecessor: the Endpoint is ordered
     /// (`queues::EndpointQueues::ordered`).
     Ordered { endpoint: EndpointId },
@@ -301,6 +304,7 @@ impl Consuming<'_> {
     fn event(&mut self, event: TaskEvent) {
         match event {
             TaskEvent::Claimed { partition, offset } => self.offsets.done(partition, offset),
+            TaskEvent::Project { endpoint, project } => self.queues.project(endpoint, project),
             TaskEvent::Ordered { endpoint } => {
                 if self.queues.ordered(endpoint) {
                     self.pump(endpoint, tokio::time::Instant::now());
@@ -382,9 +386,10 @@ async fn consume(
     // closed (the process is stopping).
     let (mut seq, mut inline_open) = (0i64, inline.is_some());
     let max = config.worker.max_in_flight;
-    // Each task sends at most three events (two without waiting) and waits (holding its
-    // permit) only to send the last while the channel is full; the loop never waits on a
-    // task, so this bound cannot deadlock.
+    // Each task waits (holding its permit) only to send its last event, `Finished`, while
+    // the channel is full; the others go without waiting (`Claimed` and `Sent` are told again
+    // by `Finished`, a `Project` by a later claim). The loop never waits on a task, so this
+    // bound cannot deadlock.
     let (events_tx, mut events_rx) = tokio::sync::mpsc::channel::<TaskEvent>(3 * max);
     let limits = queues::QueueLimits::from_config(&config.worker);
     runner.metrics.queue_waiting_max.set(limits.waiting_total as i64);
@@ -459,7 +464,7 @@ async fn attempt_task(
     hard_stop: CancellationToken, task_panic: Option<Arc<failpoint::TaskPanic>>,
 ) {
     runner.metrics.in_flight.inc();
-    let queues::Start { endpoint, queued, mode, past_claim } = start;
+    let queues::Start { endpoint, queued, mode, past_claim, knows_project } = start;
     let (delivery, place) = (queued.hint.delivery, queued.place);
     // Counted among the Endpoint's slots past their claim from the claim's end to the
     // request's (ingest pacing's signal, `queues::EndpointQueues::measure`); a panic leaves too.
@@ -473,8 +478,12 @@ async fn attempt_task(
     // way out.
     let mut unfinished = Unfinished { endpoint, place: queued.place, slot_freed: &slot_freed, events: events.clone(), permit: Some(permit), runner: runner.clone(), claim: (delivery, token) };
     let claimed_events = events.clone();
-    let notify = || {
+    let notify = |project: Option<railhook_core::ProjectId>| {
         past_claim.enter();
+        if let (false, Some(project)) = (knows_project, project) {
+            // Without waiting: if the channel is full, a later claim tells it.
+            let _ = claimed_events.try_send(TaskEvent::Project { endpoint, project });
+        }
         // Sent from inside the task, before the HTTP request, without waiting: if the channel
         // is full the offset is stored when the task's `Finished` arrives instead.
         if let Some((partition, offset)) = queued.place {
@@ -572,7 +581,7 @@ async fn drain(config: &Config, tasks: &mut JoinSet<()>, events: &mut tokio::syn
         TaskEvent::Claimed { partition, offset } | TaskEvent::Finished { place: Some((partition, offset)), busy: None, .. } => offsets.done(partition, offset),
         // A hint given back while stopping stays unclaimed: its offset is not stored. A
         // released successor not claimed now is due: the scheduler announces it.
-        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } | TaskEvent::Ordered { .. } => {}
+        TaskEvent::Finished { .. } | TaskEvent::Sent { .. } | TaskEvent::Ordered { .. } | TaskEvent::Project { .. } => {}
     };
     while !tasks.is_empty() {
         tokio::select! {

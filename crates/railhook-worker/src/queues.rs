@@ -24,6 +24,14 @@
 //! are metrics. Crash safety: a waiting hint's offset is not stored until its claim step is
 //! over (the consumer's contiguous-prefix rule), so a kill -9 redelivers it.
 //!
+//! The Project's concurrency is mirrored the same way (issue 30): once a claim of an Endpoint
+//! has told the queues its Project, its hints take a slot of that Project in this process as
+//! well, and wait here while `worker.project_concurrency` of them are taken. Without it, two
+//! claim batches in a row of more than half the limit (a worker behind, its batches of 64)
+//! made Postgres answer `Busy` for the rest of the second one, which paused their Endpoints
+//! and sent the batch down the claim's slow path; that is what made the saturation search
+//! hold 976/s in one run and 2,308/s in the next. Postgres still counts every worker's.
+//!
 //! This is also where ordering parks Deliveries (one type, one owner).
 
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -32,7 +40,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use railhook_core::EndpointId;
+use railhook_core::{EndpointId, ProjectId};
 use tokio::time::Instant;
 
 use crate::consumer::Hint;
@@ -51,6 +59,9 @@ pub enum ClaimMode {
 pub struct QueueLimits {
     /// Slots (claim and request) taken at once per Endpoint in this process (0: no limit).
     pub running_per_endpoint: usize,
+    /// The same per Project, for the Endpoints whose Project a claim has told
+    /// ([`EndpointQueues::project`]); `worker.project_concurrency` (0: no limit).
+    pub running_per_project: usize,
     /// Hints waiting per Endpoint.
     pub waiting_per_endpoint: usize,
     /// Hints waiting in all.
@@ -63,6 +74,7 @@ impl QueueLimits {
     pub fn from_config(w: &railhook_config::WorkerConfig) -> QueueLimits {
         QueueLimits {
             running_per_endpoint: usize::try_from(w.endpoint_concurrency).unwrap_or(0),
+            running_per_project: usize::try_from(w.project_concurrency).unwrap_or(0),
             waiting_per_endpoint: w.endpoint_queue_max,
             waiting_total: w.queue_max,
             busy_max: Duration::from_millis(w.queue_busy_max_ms),
@@ -91,6 +103,9 @@ pub struct Start {
     /// The Endpoint's slots past their claim (in their request): the task adds itself once
     /// its claim step is over and leaves when its request ended (or the task ended).
     pub past_claim: Arc<AtomicUsize>,
+    /// Whether the queues know the Endpoint's Project: if not, the task tells it once its
+    /// claim answers ([`EndpointQueues::project`]).
+    pub knows_project: bool,
 }
 
 /// A task's place among its Endpoint's slots past their claim ([`Start::past_claim`]): in
@@ -163,6 +178,10 @@ struct Endpoint {
     /// [`EndpointQueues::ordered`]): its hints run up to [`ORDERED_AHEAD`] at once. Forgotten
     /// when it goes idle (its state is dropped).
     ordered: bool,
+    /// Its Project, once a claim told it: its slots count in the Project's as well.
+    project: Option<ProjectId>,
+    /// Listed in [`EndpointQueues::project_waiting`]: waiting for a slot of its Project.
+    on_project: bool,
 }
 
 /// The tasks an ordered Endpoint may run at once when `worker.endpoint_concurrency` is
@@ -184,6 +203,9 @@ impl Endpoint {
 /// the last quarter second counts).
 const DRAIN_WEIGHT: f64 = 0.3;
 
+/// The Endpoints whose Project the queues remember (about 40 bytes each).
+const KNOWN_PROJECTS_MAX: usize = 100_000;
+
 /// The shortest and longest pause after a `Busy` claim.
 const BUSY_PAUSE_MIN: Duration = Duration::from_millis(5);
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(250);
@@ -201,6 +223,13 @@ pub struct EndpointQueues {
     /// Endpoints paused on their project's concurrency: one is let try again each time an
     /// Attempt of this worker finishes (a timer also wakes them, should nothing finish).
     project_blocked: VecDeque<EndpointId>,
+    /// Each Project's slots taken here (its known Endpoints' `running`), and the Endpoints
+    /// waiting for one, in turn: one is pumped each time one of the Project's slots frees.
+    project_running: HashMap<ProjectId, usize>,
+    project_waiting: HashMap<ProjectId, VecDeque<EndpointId>>,
+    /// The Projects the claims told, by Endpoint; kept while the Endpoint's state is dropped
+    /// (idle), forgotten all at once past [`KNOWN_PROJECTS_MAX`] Endpoints.
+    known_projects: HashMap<EndpointId, ProjectId>,
     /// The last [`Self::measure`].
     measured: Option<Instant>,
     /// Requests ended since the last measure, every Endpoint's, and their rate (a moving
@@ -220,6 +249,9 @@ impl EndpointQueues {
             wakeups: BinaryHeap::new(),
             backlog: VecDeque::new(),
             project_blocked: VecDeque::new(),
+            project_running: HashMap::new(),
+            project_waiting: HashMap::new(),
+            known_projects: HashMap::new(),
             measured: None,
             sent: 0,
             drain_per_s: 0.0,
@@ -314,17 +346,17 @@ impl EndpointQueues {
     pub fn offer(&mut self, endpoint: EndpointId, queued: Queued, now: Instant) -> Option<Start> {
         let limits = self.limits;
         let total_full = self.waiting >= limits.waiting_total;
-        let e = self.endpoints.entry(endpoint).or_default();
-        if e.waiting.is_empty() && Self::may_run(&limits, e, now) {
-            e.running += 1;
-            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
+        let e = Self::entry(&mut self.endpoints, &self.known_projects, endpoint);
+        if e.waiting.is_empty() && Self::may_run(&limits, e, now) && Self::project_room(&limits, &self.project_running, e) {
+            let mode = Self::mode(&limits, e, now);
+            return Some(Self::take(endpoint, e, &mut self.project_running, queued, mode));
         }
         if total_full || e.waiting.len() >= limits.waiting_per_endpoint {
-            e.running += 1;
-            return Some(Start { endpoint, queued, mode: ClaimMode::Defer, past_claim: e.past_claim.clone() });
+            return Some(Self::take(endpoint, e, &mut self.project_running, queued, ClaimMode::Defer));
         }
         e.waiting.push_back((queued, now));
         self.waiting += 1;
+        self.wait_for_project(endpoint);
         None
     }
 
@@ -334,24 +366,50 @@ impl EndpointQueues {
     /// retry scheduler would announce it meanwhile under its own token).
     pub fn offer_front(&mut self, endpoint: EndpointId, queued: Queued, now: Instant) -> Option<Start> {
         let limits = self.limits;
-        let e = self.endpoints.entry(endpoint).or_default();
-        if e.waiting.is_empty() && Self::may_run(&limits, e, now) {
-            e.running += 1;
-            return Some(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
+        let e = Self::entry(&mut self.endpoints, &self.known_projects, endpoint);
+        if e.waiting.is_empty() && Self::may_run(&limits, e, now) && Self::project_room(&limits, &self.project_running, e) {
+            let mode = Self::mode(&limits, e, now);
+            return Some(Self::take(endpoint, e, &mut self.project_running, queued, mode));
         }
         e.waiting.push_front((queued, now));
         self.waiting += 1;
+        self.wait_for_project(endpoint);
         None
+    }
+
+    /// A claim of `endpoint` told its Project (once per Endpoint: [`Start::knows_project`]):
+    /// from now on its slots count in the Project's, and it waits while they are all taken.
+    pub fn project(&mut self, endpoint: EndpointId, project: ProjectId) {
+        if self.known_projects.len() >= KNOWN_PROJECTS_MAX && !self.known_projects.contains_key(&endpoint) {
+            self.known_projects.clear();
+        }
+        self.known_projects.insert(endpoint, project);
+        if let Some(e) = self.endpoints.get_mut(&endpoint) {
+            if e.project.is_none() {
+                e.project = Some(project);
+                if e.running > 0 {
+                    *self.project_running.entry(project).or_default() += e.running;
+                }
+            }
+        }
+    }
+
+    /// Slots of `project` taken in this process.
+    pub fn project_running(&self, project: ProjectId) -> usize {
+        self.project_running.get(&project).copied().unwrap_or(0)
     }
 
     /// An Attempt of `endpoint` started by this queue finished. `busy`: its claim found a
     /// limit taken (the hint goes back to the front) and which, or `None` when the claim step
-    /// ended otherwise. Returns the Endpoints to pump now: `endpoint` itself, and, when a slot
-    /// freed, one Endpoint that waited on its project's concurrency.
+    /// ended otherwise. Returns the Endpoints to pump now, in order: the first Endpoint
+    /// waiting here for a slot of its Project, `endpoint` itself, and, when the claim was not busy, one
+    /// Endpoint that Postgres answered busy on its project's concurrency.
     pub fn finished(&mut self, endpoint: EndpointId, busy: Option<(Queued, BusyOn)>, now: Instant) -> Vec<EndpointId> {
         let mut pump = vec![endpoint];
         let Some(e) = self.endpoints.get_mut(&endpoint) else { return pump };
+        let freed = e.running > 0;
         e.running = e.running.saturating_sub(1);
+        let project = e.project.filter(|_| freed);
         match busy {
             Some((queued, on)) => {
                 e.waiting.push_front((queued, now));
@@ -384,6 +442,19 @@ impl EndpointQueues {
                 }
             }
         }
+        if let Some(project) = project {
+            if let Some(n) = self.project_running.get_mut(&project) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.project_running.remove(&project);
+                }
+            }
+            // Before `endpoint` itself, which lists itself again behind the others if it has
+            // more to run: the Endpoints waiting on one Project take its slots in turn.
+            if let Some(next) = self.next_for_project(project, now).filter(|next| !pump.contains(next)) {
+                pump.insert(0, next);
+            }
+        }
         pump
     }
 
@@ -412,21 +483,81 @@ impl EndpointQueues {
         let limits = self.limits;
         let mut out = Vec::new();
         let Some(e) = self.endpoints.get_mut(&endpoint) else { return out };
-        while out.len() < budget && Self::may_run(&limits, e, now) {
+        while out.len() < budget && Self::may_run(&limits, e, now) && Self::project_room(&limits, &self.project_running, e) {
             let Some((queued, _)) = e.waiting.pop_front() else { break };
             self.waiting -= 1;
-            e.running += 1;
-            out.push(Start { endpoint, queued, mode: Self::mode(&limits, e, now), past_claim: e.past_claim.clone() });
+            let mode = Self::mode(&limits, e, now);
+            out.push(Self::take(endpoint, e, &mut self.project_running, queued, mode));
         }
-        if out.len() == budget && !e.waiting.is_empty() && !e.in_backlog && Self::may_run(&limits, e, now) {
+        if out.len() == budget && !e.waiting.is_empty() && !e.in_backlog && Self::may_run(&limits, e, now) && Self::project_room(&limits, &self.project_running, e) {
             // Runnable, but no permit left: served first when one frees.
             e.in_backlog = true;
             self.backlog.push_back(endpoint);
         }
         if e.idle() {
             self.endpoints.remove(&endpoint);
+        } else {
+            self.wait_for_project(endpoint);
         }
         out
+    }
+
+    /// The Endpoint's state, made with its Project if a claim told it before.
+    fn entry<'a>(endpoints: &'a mut HashMap<EndpointId, Endpoint>, known: &HashMap<EndpointId, ProjectId>, endpoint: EndpointId) -> &'a mut Endpoint {
+        endpoints.entry(endpoint).or_insert_with(|| Endpoint { project: known.get(&endpoint).copied(), ..Endpoint::default() })
+    }
+
+    /// Takes a slot of the Endpoint (and of its Project, if known) for `queued`.
+    fn take(endpoint: EndpointId, e: &mut Endpoint, project_running: &mut HashMap<ProjectId, usize>, queued: Queued, mode: ClaimMode) -> Start {
+        e.running += 1;
+        if let Some(project) = e.project {
+            *project_running.entry(project).or_default() += 1;
+        }
+        Start { endpoint, queued, mode, past_claim: e.past_claim.clone(), knows_project: e.project.is_some() }
+    }
+
+    /// Whether a slot of the Endpoint's Project is free here (always, while it is unknown).
+    fn project_room(limits: &QueueLimits, project_running: &HashMap<ProjectId, usize>, e: &Endpoint) -> bool {
+        match (limits.running_per_project, e.project) {
+            (0, _) | (_, None) => true,
+            (cap, Some(project)) => project_running.get(&project).copied().unwrap_or(0) < cap,
+        }
+    }
+
+    /// Lists `endpoint` among those waiting for a slot of its Project, if that is what its
+    /// waiting hints wait for.
+    fn wait_for_project(&mut self, endpoint: EndpointId) {
+        let limits = self.limits;
+        let Some(e) = self.endpoints.get_mut(&endpoint) else { return };
+        let Some(project) = e.project else { return };
+        if e.on_project || e.waiting.is_empty() || Self::project_room(&limits, &self.project_running, e) {
+            return;
+        }
+        e.on_project = true;
+        self.project_waiting.entry(project).or_default().push_back(endpoint);
+    }
+
+    /// The first Endpoint still waiting for a slot of `project` that may run now. Entries of
+    /// Endpoints whose state was dropped or that ran since are skipped; so are Endpoints held
+    /// by their own slots or a pause, which list themselves again when those free
+    /// ([`Self::ready`]), so that the Project's slot goes to one that can take it.
+    fn next_for_project(&mut self, project: ProjectId, now: Instant) -> Option<EndpointId> {
+        let limits = self.limits;
+        let queue = self.project_waiting.get_mut(&project)?;
+        let mut next = None;
+        while let Some(endpoint) = queue.pop_front() {
+            if let Some(e) = self.endpoints.get_mut(&endpoint).filter(|e| e.on_project) {
+                e.on_project = false;
+                if Self::may_run(&limits, e, now) {
+                    next = Some(endpoint);
+                    break;
+                }
+            }
+        }
+        if queue.is_empty() {
+            self.project_waiting.remove(&project);
+        }
+        next
     }
 
     /// The earliest time a paused Endpoint may claim again.
@@ -476,7 +607,7 @@ mod tests {
     use railhook_core::DeliveryId;
 
     fn limits(running: usize, waiting: usize, total: usize) -> QueueLimits {
-        QueueLimits { running_per_endpoint: running, waiting_per_endpoint: waiting, waiting_total: total, busy_max: Duration::from_secs(5) }
+        QueueLimits { running_per_endpoint: running, running_per_project: 0, waiting_per_endpoint: waiting, waiting_total: total, busy_max: Duration::from_secs(5) }
     }
 
     fn hint(offset: i64) -> Queued {
@@ -557,6 +688,52 @@ mod tests {
             q.offer(e, hint(i), now);
         }
         assert_eq!(q.waiting(), 10);
+    }
+
+    #[test]
+    fn a_project_known_from_a_claim_waits_here_for_its_slots() {
+        let now = Instant::now();
+        let (a, b, c) = (EndpointId::new(), EndpointId::new(), EndpointId::new());
+        let (p, other) = (ProjectId::new(), ProjectId::new());
+        let mut q = EndpointQueues::new(QueueLimits { running_per_project: 3, ..limits(10, 100, 1_000) });
+        // Unknown Project: only the Endpoint's own slots count.
+        let first: Vec<_> = (0..2).filter_map(|o| q.offer(a, hint(o), now)).collect();
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|s| !s.knows_project), "the task tells the Project");
+        q.project(a, p);
+        assert_eq!(q.project_running(p), 2, "a's running slots count once its Project is known");
+        let more: Vec<_> = (2..5).filter_map(|o| q.offer(a, hint(o), now)).collect();
+        assert_eq!(more.len(), 1, "one slot of the Project's 3 left");
+        assert!(more[0].knows_project);
+        q.project(b, p);
+        assert!(q.offer(b, hint(10), now).is_none(), "b waits for a slot of the same Project");
+        assert!(q.offer(c, hint(20), now).is_some(), "another Endpoint, its Project unknown, runs");
+        q.project(c, other);
+        assert_eq!(q.project_running(other), 1);
+        assert_eq!(q.waiting(), 3);
+        // A slot of p frees: a waited for one first (its hints 3 and 4), so a is pumped.
+        let pump = q.finished(a, None, now);
+        assert_eq!(pump, vec![a], "a itself, which is also the first that waited for p");
+        let started: Vec<_> = pump.iter().flat_map(|e| q.ready(*e, 10, now)).collect();
+        assert_eq!(started.iter().map(|s| s.queued.place.unwrap().1).collect::<Vec<_>>(), vec![3], "one slot freed, one hint started");
+        assert_eq!(q.project_running(p), 3);
+        // The next slot goes to b, listed before a listed itself again: they take turns.
+        let pump = q.finished(a, None, now);
+        assert_eq!(pump, vec![b, a]);
+        let started: Vec<_> = pump.iter().flat_map(|e| q.ready(*e, 10, now)).collect();
+        assert_eq!(started.iter().map(|s| s.queued.place.unwrap().1).collect::<Vec<_>>(), vec![10]);
+        let pump = q.finished(b, None, now);
+        assert_eq!(pump, vec![a, b]);
+        let started: Vec<_> = pump.iter().flat_map(|e| q.ready(*e, 10, now)).collect();
+        assert_eq!(started.iter().map(|s| s.queued.place.unwrap().1).collect::<Vec<_>>(), vec![4]);
+        // The Project is remembered while the Endpoint's state is dropped.
+        q.finished(c, None, now);
+        assert_eq!(q.project_running(other), 0);
+        assert!(q.offer(c, hint(21), now).is_some_and(|s| s.knows_project));
+        // Without a limit nothing waits on the Project.
+        let mut free = EndpointQueues::new(limits(10, 100, 1_000));
+        free.project(a, p);
+        assert_eq!((0..10).filter_map(|o| free.offer(a, hint(o), now)).count(), 10);
     }
 
     #[test]

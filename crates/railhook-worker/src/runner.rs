@@ -300,7 +300,8 @@ impl Runner {
     /// Claims the hint's Delivery under `token` (the caller's, so that a task that panics can
     /// give the Claim back: [`Runner::give_back`]; the scheduler's token on the retry path is
     /// the hint's), then runs the Attempt. `claimed_tx` is told once the claim step is over (the consumer commits the
-    /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets).
+    /// message's offset then, not after the HTTP request: a slow endpoint holds no offsets),
+    /// with the Delivery's Project if it was claimed (the queues count its slots).
     /// In the waiting `mode` a limit that bites answers [`Ran::Busy`], without telling
     /// `claimed_tx`: the hint is not done with, its offset stays pending. `sent_tx` is told
     /// once the request has ended, before the finalise (the Endpoint's slot is free then; see
@@ -313,7 +314,7 @@ impl Runner {
     ///
     /// Traces (issue 33): with the hint's trace context, the claim, the Attempt and the
     /// finalise are spans, children of that context in this order; untraced hints make none.
-    pub async fn run(&self, hint: Hint, token: ClaimToken, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(), behind_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
+    pub async fn run(&self, hint: Hint, token: ClaimToken, received: Option<Instant>, mode: ClaimMode, claimed_tx: impl FnOnce(Option<railhook_core::ProjectId>), behind_tx: impl FnOnce(), sent_tx: impl FnOnce(), hard_stop: CancellationToken) -> Result<Outcome, WorkerError> {
         let trace = hint.trace.clone();
         let claim_span = match &trace {
             None => tracing::Span::none(),
@@ -348,7 +349,10 @@ impl Runner {
         };
         // Also after a claim that kept failing: the hint is then dropped and the sweeps
         // recover the Delivery; holding its offset longer would stall the partition's commits.
-        claimed_tx();
+        claimed_tx(match &claimed {
+            Ok(Some(ClaimResult::Claimed(c))) => Some(c.project_id),
+            _ => None,
+        });
         let claimed = match claimed? {
             Some(ClaimResult::Claimed(c)) => *c,
             None => return Ok(Ran::NothingClaimed.into()),

@@ -383,6 +383,41 @@ async fn a_hot_endpoint_waits_in_its_queue_at_the_limit_without_deferrals() {
     sys.stop().await;
 }
 
+/// The Project's concurrency waits in the worker as well (issue 30): once a claim of each
+/// Endpoint told the worker its Project, a burst to four Endpoints of one Project has at most
+/// `worker.project_concurrency` requests at once and not one claim comes back busy from
+/// Postgres: the worker holds the rest in its queues instead of claiming them.
+#[tokio::test]
+async fn a_project_at_its_limit_waits_in_the_worker_without_busy_claims() {
+    let (receiver, base) = Receiver::start(|_, _| Act::Slow(Duration::from_millis(20), 200)).await;
+    let sys = System::start(|c| c.worker.project_concurrency = 3).await;
+    let urls: Vec<String> = (0..4).map(|i| format!("{base}/p{i}")).collect();
+    let (fixture, _) = Fixture::create_with(&sys.client, &urls, &spec(&[1], 3, 10)).await;
+    // One Delivery to each Endpoint first: their claims tell the worker the Project.
+    for d in fixture.ingest(&sys.pool, "order.created").await {
+        sys.wait_status(&d, "SUCCESS", Duration::from_secs(30)).await;
+    }
+    let m = &sys.worker.metrics;
+    let busy = || m.claims_busy.with_label_values(&["project_concurrency"]).get();
+    let busy_before = busy();
+    let mut deliveries = Vec::new();
+    for _ in 0..40 {
+        deliveries.extend(fixture.ingest(&sys.pool, "order.created").await);
+    }
+    for d in &deliveries {
+        sys.wait_status(d, "SUCCESS", Duration::from_secs(60)).await;
+    }
+    let (_, most) = receiver.concurrency("*");
+    let deferred: u64 = DeferralReason::ALL.iter().map(|r| m.deferrals.with_label_values(&[r.as_str()]).get()).sum();
+    eprintln!("one project, four endpoints: at most {most} at once; {} busy claims in the burst; {deferred} deferrals", busy() - busy_before);
+    assert!(most <= 3, "the project's limit held: {most} at once");
+    assert!(most >= 2, "the limit was used, not serialised: {most} at once");
+    assert_eq!(busy() - busy_before, 0, "the worker waited for the project's slots instead of claiming over them");
+    assert_eq!(deferred, 0, "waited in the queues, not deferred");
+    assert_eq!(receiver.all_hits(), 164, "one request per Delivery");
+    sys.stop().await;
+}
+
 /// The endpoint's `rate_limit_per_second`: 8 Deliveries at 2 per second need 4 one-second
 /// windows, so the first and the last arrive more than 2 s apart.
 #[tokio::test]
