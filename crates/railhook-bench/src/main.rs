@@ -155,7 +155,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 println!("  --duration: relay_latency, ingest, each ingress phase and the fixed-rate e2e runs (default 30)");
                 println!("  --connections: ingest's and ingress's HTTP connections (default 32)");
                 println!("  --no-clean-phases: e2e (or memory) without the clean-database phases (the saturation search, half saturation and light rate only)");
-                println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each; -20% each while not even the start rate holds)");
+                println!("  --step, --start-rate, --max-rate: e2e's saturation search (default 10 s steps from 500/s, +25% each, then three steps halving the gap after the first not sustained; -20% each while not even the start rate holds)");
                 println!("  replay: 100,000 Events of Endpoint A's history replayed while Endpoint B gets live events at --replay-live-rate (150/s);");
                 println!("    B's p50/p99 without and with the Replay, their ratio (target p99 <= 1.2x) and the Replay's throughput;");
                 println!("    after each 10 s window with the Replay, a 5 s one with it held (its pace row), pooled with the windows before and after it");
