@@ -254,6 +254,11 @@ pub struct WorkerConfig {
     /// How long an Endpoint's claims may find its slots or rate window taken elsewhere
     /// (another worker, the project's limit) before its waiting hints become Deferrals.
     pub queue_busy_max_ms: u64,
+    /// How often the worker vacuums the Claims' table (`delivery_claims`) and the open
+    /// Deliveries' (`open_deliveries`), in milliseconds (0: left to autovacuum). Each
+    /// Delivery adds a row to each and removes it; every claim counts the Claims of its
+    /// Project and Endpoint, and until a vacuum their dead index entries are read too.
+    pub claims_vacuum_interval_ms: u64,
     /// Ordered Subscriptions: how long a Delivery parked behind an unresolved predecessor
     /// waits (from its first park) before it goes without it.
     pub ordering_gap_timeout_seconds: u64,
@@ -578,6 +583,7 @@ impl Default for WorkerConfig {
             endpoint_queue_max: 10_000,
             queue_max: 100_000,
             queue_busy_max_ms: 5_000,
+            claims_vacuum_interval_ms: 2_000,
             ordering_gap_timeout_seconds: 60,
             project_rate_limit_per_second: 0,
             circuit_failure_ratio: 0.5,

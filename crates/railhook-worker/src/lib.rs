@@ -35,6 +35,7 @@ pub mod queues;
 pub mod replays;
 pub mod retention;
 pub mod runner;
+pub mod vacuum;
 
 pub use error::{ErrorKind, WorkerError};
 pub use metrics::WorkerMetrics;
@@ -96,6 +97,8 @@ pub async fn run_with(config: Arc<Config>, metrics: WorkerMetrics, inline: Optio
     jobs.spawn(runner.clock.clone().sample_loop(runner.pool.clone(), background.clone()));
     jobs.spawn(scheduler_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
     jobs.spawn(sweep_loop(runner.pool.clone(), config.clone(), metrics.clone(), background.clone()));
+    // The Claims' and open Deliveries' tables, vacuumed at the worker's pace (crate::vacuum).
+    jobs.spawn(vacuum::run(runner.pool.clone(), config.worker.claims_vacuum_interval_ms, background.clone()));
     // The attempt log's daily partitions, made a week ahead (crate::partitions).
     jobs.spawn(partitions::run(runner.pool.clone(), background.clone()));
     // Replays (the Time Machine): bounded batches below live traffic (crate::replays).

@@ -72,7 +72,7 @@ pub mod schedule;
 
 pub use claim::{claim_batch, claim_batch_finishing, park_held, warm, ClaimRequest, ClaimResult, Claimed, Limits};
 pub use finalise::{finalise_batch, release, AttemptRecord, Circuit, Finalised, FinaliseRequest, Next};
-pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, restore_claims, schedule_due, server_started_at, sweep, QueueGauges, Reannounced, SweepLimits, Swept};
+pub use schedule::{queue_gauges, reannounce_after_restart, reannounce_pending, restore_claims, schedule_due, server_started_at, sweep, vacuum_claims, QueueGauges, Reannounced, SweepLimits, Swept};
 
 /// The repeatable SQL of the lifecycle's rules: (name, text). Applied by the migrator.
 pub const REPEATABLES: &[(&str, &str)] = &[("lifecycle_rules", include_str!("rules.sql")), ("announce", include_str!("announce.sql"))];

@@ -204,6 +204,20 @@ pub async fn restore_claims(db: &impl GenericClient) -> Result<u64, tokio_postgr
     db.execute(RESTORE_CLAIMS_SQL, &[]).await
 }
 
+/// The vacuum of the two tables every Delivery passes through (a row added at its claim, or
+/// its ingest, and removed at its finalise): `delivery_claims` and `open_deliveries`. Their
+/// live rows are the Deliveries in flight (hundreds), their dead ones every Delivery since the
+/// last vacuum, and every claim counts its Project's and Endpoint's Claims by the index, which
+/// reads the dead entries too until a vacuum removes them: with autovacuum's default pace
+/// (one look a minute) a claim's count read 120,000 dead entries at 2,000 Deliveries a second
+/// (12-20 ms a count by a bitmap scan, 1 ms once an index scan has marked them; 0.06 ms
+/// after a vacuum; issue 30). `INDEX_CLEANUP ON`: the index is what the counts read, and
+/// Postgres skips it when few heap pages have dead rows. `SKIP_LOCKED`: a table another
+/// vacuum holds is left to it. A role that may not vacuum them gets a warning, not an error.
+pub async fn vacuum_claims(db: &impl GenericClient) -> Result<(), tokio_postgres::Error> {
+    db.batch_execute("VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) delivery_claims, open_deliveries").await
+}
+
 /// When the Postgres server (its postmaster) started: a change means it restarted.
 pub async fn server_started_at(db: &impl GenericClient) -> Result<chrono::DateTime<chrono::Utc>, tokio_postgres::Error> {
     Ok(db.query_one("SELECT pg_postmaster_start_time()", &[]).await?.get(0))
