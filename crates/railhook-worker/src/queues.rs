@@ -286,8 +286,9 @@ impl EndpointQueues {
     /// (`railhook_store::pacing`), measured by the consume loop every 50 ms.
     ///
     /// An Endpoint counts when its queue is not paused by a `Busy` claim (another worker, the
-    /// project's concurrency or a rate window: limits, not load) and at most half of its
-    /// running slots are past their claim: the others wait for theirs, so its slots turn
+    /// project's concurrency or a rate window: limits, not load), at most half of its
+    /// running slots are past their claim, and, if it waits for a slot of its Project here, at
+    /// most half of the Project's slots are: the others wait for theirs, so its slots turn
     /// over at the pace of this worker's claims (and of Postgres), and a queue there means
     /// Railhook is behind. A slow or hanging Endpoint, whose slots are held by its own
     /// requests, does not count: one slow customer must not slow every producer down. Its
@@ -300,11 +301,29 @@ impl EndpointQueues {
         let rate = f64::from(std::mem::take(&mut self.sent)) / secs;
         self.drain_per_s = if self.drain_per_s == 0.0 { rate } else { self.drain_per_s + DRAIN_WEIGHT * (rate - self.drain_per_s) };
         let mut wait = 0.0f64;
+        // Each Project's slots here and those of them past their claim, for the Endpoints that
+        // wait for a slot of their Project: by the same rule, they count only while at most
+        // half of the Project's slots are in their requests (its receivers are not what holds
+        // them).
+        let mut projects: HashMap<ProjectId, (usize, usize)> = HashMap::new();
+        if self.limits.running_per_project > 0 {
+            for e in self.endpoints.values() {
+                if let Some(project) = e.project {
+                    let p = projects.entry(project).or_default();
+                    p.0 += e.running;
+                    p.1 += e.past_claim.load(Ordering::Relaxed);
+                }
+            }
+        }
+        let (limits, project_running) = (self.limits, &self.project_running);
         for e in self.endpoints.values_mut() {
             let rate = f64::from(std::mem::take(&mut e.sent)) / secs;
             e.drain_per_s = if e.drain_per_s == 0.0 { rate } else { e.drain_per_s + DRAIN_WEIGHT * (rate - e.drain_per_s) };
             let own = 2 * e.past_claim.load(Ordering::Relaxed) <= e.running;
-            if e.waiting.is_empty() || e.busy_since.is_some() || e.paused_until.is_some() || !own {
+            let project_own = e.project.is_none_or(|project| {
+                Self::project_room(&limits, project_running, e) || projects.get(&project).is_none_or(|(running, past)| 2 * past <= *running)
+            });
+            if e.waiting.is_empty() || e.busy_since.is_some() || e.paused_until.is_some() || !own || !project_own {
                 continue;
             }
             let head = e.waiting.front().map_or(0.0, |(_, since)| now.duration_since(*since).as_secs_f64());
@@ -888,6 +907,28 @@ mod tests {
         slots[&fast].store(6, Ordering::Relaxed);
         assert_eq!(q.measure(tenth(71)), Duration::ZERO);
         assert_eq!(q.drain_per_s(), 0.0, "no wait, no rate");
+    }
+
+    /// An Endpoint waiting for a slot of its Project counts in the delivery wait while the
+    /// Project's slots are in their claims (this worker is behind), not while the Project's
+    /// requests hold them (its receivers are slow: one customer must not pace every producer).
+    #[test]
+    fn a_project_held_by_its_requests_does_not_count_in_the_delivery_wait() {
+        let t0 = Instant::now();
+        let (a, b) = (EndpointId::new(), EndpointId::new());
+        let project = ProjectId::new();
+        let mut q = EndpointQueues::new(QueueLimits { running_per_project: 4, ..limits(10, 1_000, 1_000) });
+        q.project(a, project);
+        q.project(b, project);
+        let running: Vec<_> = (0..4).filter_map(|o| q.offer(a, hint(o), t0)).collect();
+        assert_eq!(running.len(), 4);
+        assert!(q.offer(b, hint(10), t0).is_none(), "b waits for a slot of the Project");
+        let later = t0 + Duration::from_millis(300);
+        // a's slots in their claims: b's wait is this worker's.
+        assert_eq!(q.measure(later), Duration::from_millis(300));
+        // a's slots in their requests: b waits on the Project's receivers.
+        running[0].past_claim.store(4, Ordering::Relaxed);
+        assert_eq!(q.measure(later), Duration::ZERO);
     }
 
     #[test]
