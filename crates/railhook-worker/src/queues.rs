@@ -301,17 +301,14 @@ impl EndpointQueues {
         let rate = f64::from(std::mem::take(&mut self.sent)) / secs;
         self.drain_per_s = if self.drain_per_s == 0.0 { rate } else { self.drain_per_s + DRAIN_WEIGHT * (rate - self.drain_per_s) };
         let mut wait = 0.0f64;
-        // Each Project's slots here and those of them past their claim, for the Endpoints that
-        // wait for a slot of their Project: by the same rule, they count only while at most
-        // half of the Project's slots are in their requests (its receivers are not what holds
-        // them).
-        let mut projects: HashMap<ProjectId, (usize, usize)> = HashMap::new();
+        // The slots of each Project past their claim, for the Endpoints that wait for a slot of
+        // their Project: by the same rule, they count only while at most half of the Project's slots
+        // here (`project_running`) are in their requests (its receivers are not what holds them).
+        let mut past: HashMap<ProjectId, usize> = HashMap::new();
         if self.limits.running_per_project > 0 {
             for e in self.endpoints.values() {
                 if let Some(project) = e.project {
-                    let p = projects.entry(project).or_default();
-                    p.0 += e.running;
-                    p.1 += e.past_claim.load(Ordering::Relaxed);
+                    *past.entry(project).or_default() += e.past_claim.load(Ordering::Relaxed);
                 }
             }
         }
@@ -321,7 +318,7 @@ impl EndpointQueues {
             e.drain_per_s = if e.drain_per_s == 0.0 { rate } else { e.drain_per_s + DRAIN_WEIGHT * (rate - e.drain_per_s) };
             let own = 2 * e.past_claim.load(Ordering::Relaxed) <= e.running;
             let project_own = e.project.is_none_or(|project| {
-                Self::project_room(&limits, project_running, e) || projects.get(&project).is_none_or(|(running, past)| 2 * past <= *running)
+                Self::project_room(&limits, project_running, e) || 2 * past.get(&project).copied().unwrap_or(0) <= project_running.get(&project).copied().unwrap_or(0)
             });
             if e.waiting.is_empty() || e.busy_since.is_some() || e.paused_until.is_some() || !own || !project_own {
                 continue;
