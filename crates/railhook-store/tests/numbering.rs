@@ -239,3 +239,66 @@ async fn a_number_handed_out_reaches_its_row_when_the_claim_does_not_take_it() {
         .get(0);
     assert_eq!(indexed, 4, "delivery_sequence and the rows agree");
 }
+
+/// What an ordered claim batch answers (the Ordering Buffer, DESIGN.md 6.5): a batch whose
+/// every row is behind its predecessor (held by this claimer, `p_mine`, or earlier in the
+/// batch) is claimed behind, numbered, each with its Claim's row and one HOT update; a batch
+/// whose first predecessor this claimer does not hold is parked row by row; one whose first
+/// predecessor has ended is claimed, the first not behind, the rest behind it. (Written for
+/// an ordered fast path of `railhook_claim_batch` tried in the twenty-first session, which
+/// had to answer exactly as the row-by-row loop does; it passed on both. The fast path was
+/// not kept: docs/BENCHMARKS.md "Issue 30, twenty-first session".)
+#[tokio::test]
+async fn an_ordered_batch_is_claimed_behind_only_what_this_claimer_holds() {
+    let (db, pool, ordered, _) = setup().await;
+    let ids = ingest_one_by_one(&pool, &ordered, 13).await;
+    let client = pool.get().await.unwrap();
+    let claimed = |r: &ClaimResult| match r {
+        ClaimResult::Claimed(c) => Some((c.sequence_number, c.behind)),
+        _ => None,
+    };
+    let first = match &store::claim_batch(&client, &requests(&ids[..1]), &limits()).await.unwrap()[0] {
+        ClaimResult::Claimed(c) => c.token,
+        other => panic!("{other:?}"),
+    };
+    let updates = |db: &TestDb| {
+        let url = db.url.clone();
+        async move {
+            let c = railhook_testkit::connect(&url).await.unwrap();
+            c.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+            let r = c.query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'", &[]).await.unwrap();
+            (r.get::<_, i64>(0), r.get::<_, i64>(1))
+        }
+    };
+
+    // Behind the first, which this claimer holds: all four behind, numbered 2 to 5.
+    client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    let before = updates(&db).await;
+    let results = store::claim_batch_finishing(&client, &requests(&ids[1..5]), &limits(), &[], &[first]).await.unwrap();
+    client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    let after = updates(&db).await;
+    let got: Vec<_> = results.iter().map(claimed).collect();
+    assert_eq!(got, (2..=5).map(|n| Some((Some(n), true))).collect::<Vec<_>>(), "{results:?}");
+    assert_eq!((after.0 - before.0, after.1 - before.1), (4, 4), "one HOT update per Delivery");
+    let claims: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM delivery_claims c JOIN deliveries d ON d.id = c.delivery_id AND d.claim_token = c.claim_token AND d.status = 'PROCESSING'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claims, 5, "each Claim with its row");
+
+    // Behind the fifth, which this claimer does not say it holds: parked, each behind the one
+    // before it, and numbered all the same.
+    let results = store::claim_batch_finishing(&client, &requests(&ids[5..9]), &limits(), &[], &[first]).await.unwrap();
+    assert!(results.iter().all(|r| matches!(r, ClaimResult::Deferred(_))), "{results:?}");
+    let all = numbers(&db).await;
+    assert_eq!(ids[5..9].iter().map(|d| number_of(&all, d)).collect::<Vec<_>>(), (6..=9).map(Some).collect::<Vec<_>>());
+
+    // Behind a predecessor that ended: the first is claimed as any Delivery, the rest behind it.
+    db.client().await.execute("UPDATE deliveries SET status = 'SUCCESS', claim_token = NULL WHERE sequence_number <= 9", &[]).await.unwrap();
+    let results = store::claim_batch_finishing(&client, &requests(&ids[9..13]), &limits(), &[], &[]).await.unwrap();
+    let got: Vec<_> = results.iter().map(claimed).collect();
+    assert_eq!(got, vec![Some((Some(10), false)), Some((Some(11), true)), Some((Some(12), true)), Some((Some(13), true))], "{results:?}");
+}
