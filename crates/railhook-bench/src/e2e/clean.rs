@@ -139,6 +139,17 @@ static SPECS: [Spec; 4] = [
             ordered_step("ordered_700_per_s", 700.0, 1_000.0),
             // Issue 30's target: 1,000 events/s to one ordered Endpoint, p99 at most 100 ms.
             ordered_step("ordered_1000_per_s", 1_000.0, 100.0),
+            // No target: 10,000 events as fast as accepted, so deliveries/s is how fast one
+            // ordered Endpoint's Deliveries go one after another here (its capacity), the
+            // figure the fixed-rate steps are read against (twenty-first session).
+            Load {
+                figure: "ordered_burst",
+                count: Some(10_000),
+                rate: None,
+                duration: CLOSED_LOOP_CAP,
+                warmup: Duration::ZERO,
+                targets: Targets { p50_ms_at_most: None, max_ms_at_most: None, every_delivery: true, deliveries_per_s_at_least: None, p99_ms_at_most: None, zero_deferrals: false },
+            },
         ],
     },
     Spec {
@@ -367,19 +378,21 @@ async fn run_spec(args: &Args, spec: &'static Spec, pacing: bool) -> anyhow::Res
         stack.endpoint_with(&format!("http://{rx_addr}/{}/{n}", spec.name), EVENT_TYPE, spec.ordering).await?;
     }
     let mut out = Vec::new();
+    let mut ladder_over = false;
     for load in spec.loads {
+        // A rate ladder (ordered) stops at its first missed step: higher ones would only
+        // queue. A load by count (the ordered burst) runs all the same.
+        if ladder_over && load.rate.is_some() {
+            continue;
+        }
         let f = Figures { suffix, ..measure(&mut stack, &rx, load).await? };
         println!(
             "{}{suffix}: {} of {} Deliveries arrived, {:.0} deliveries/s, p99 {:.1} ms, accepted {:.0}/s, {} POSTs held by ingest pacing (mean {:.0} ms), worker {}",
             load.figure, f.delivered, f.deliveries, f.deliveries_per_s, f.latency.p99, f.accepted_per_s, f.ingest_held, f.ingest_held_mean_s * 1000.0, f.worker
         );
         println!("{}{suffix}: {}", load.figure, super::stages::describe(&f.stages));
-        let missed = !f.met();
+        ladder_over |= spec.ordering && !f.met();
         out.push(f);
-        // A rate ladder (ordered) stops at its first missed step: higher ones would only queue.
-        if spec.ordering && missed {
-            break;
-        }
     }
     stack.check_running()?;
     stack.stop().await;
