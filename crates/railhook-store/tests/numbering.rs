@@ -55,6 +55,15 @@ async fn ingest_one_by_one(pool: &railhook_store::Pool, fixture: &Fixture, n: us
     ids
 }
 
+/// `deliveries`' updates and HOT updates so far (n_tup_upd, n_tup_hot_upd), read on a
+/// connection of its own after flushing its statistics.
+async fn update_counts(db: &TestDb) -> (i64, i64) {
+    let c = railhook_testkit::connect(&db.url).await.unwrap();
+    c.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    let r = c.query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'", &[]).await.unwrap();
+    (r.get::<_, i64>(0), r.get::<_, i64>(1))
+}
+
 fn number_of(all: &[(String, Option<i64>)], id: &str) -> Option<i64> {
     all.iter().find(|(d, _)| d == id).and_then(|(_, n)| *n)
 }
@@ -177,21 +186,12 @@ async fn numbering_is_a_hot_update_and_indexed_beside() {
     let (db, pool, ordered, _) = setup().await;
     let ids = ingest_one_by_one(&pool, &ordered, 10).await;
     let client = pool.get().await.unwrap();
-    let counters = |db: &TestDb| {
-        let url = db.url.clone();
-        async move {
-            let c = railhook_testkit::connect(&url).await.unwrap();
-            c.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-            let r = c.query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'", &[]).await.unwrap();
-            (r.get::<_, i64>(0), r.get::<_, i64>(1))
-        }
-    };
     client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-    let before = counters(&db).await;
+    let before = update_counts(&db).await;
     let results = store::claim_batch(&client, &requests(&ids), &limits()).await.unwrap();
     assert!(results.iter().all(|r| matches!(r, ClaimResult::Claimed(_))), "{results:?}");
     client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-    let after = counters(&db).await;
+    let after = update_counts(&db).await;
     let (updates, hot) = (after.0 - before.0, after.1 - before.1);
     assert_eq!(updates, 10, "one UPDATE per Delivery: the claim's, with its number");
     assert_eq!(hot, updates, "every one HOT");
@@ -261,22 +261,13 @@ async fn an_ordered_batch_is_claimed_behind_only_what_this_claimer_holds() {
         ClaimResult::Claimed(c) => c.token,
         other => panic!("{other:?}"),
     };
-    let updates = |db: &TestDb| {
-        let url = db.url.clone();
-        async move {
-            let c = railhook_testkit::connect(&url).await.unwrap();
-            c.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-            let r = c.query_one("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'deliveries'", &[]).await.unwrap();
-            (r.get::<_, i64>(0), r.get::<_, i64>(1))
-        }
-    };
 
     // Behind the first, which this claimer holds: all four behind, numbered 2 to 5.
     client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-    let before = updates(&db).await;
+    let before = update_counts(&db).await;
     let results = store::claim_batch_finishing(&client, &requests(&ids[1..5]), &limits(), &[], &[first]).await.unwrap();
     client.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
-    let after = updates(&db).await;
+    let after = update_counts(&db).await;
     let got: Vec<_> = results.iter().map(claimed).collect();
     assert_eq!(got, (2..=5).map(|n| Some((Some(n), true))).collect::<Vec<_>>(), "{results:?}");
     assert_eq!((after.0 - before.0, after.1 - before.1), (4, 4), "one HOT update per Delivery");
