@@ -56,7 +56,33 @@ async fn create_slot(client: &Client, slot: &str) -> Result<String, RelayError> 
     Ok(row.try_get(0)?)
 }
 
+/// How long a relay's setup waits for another relay's setup of the same slot.
+const SETUP_LOCK_TIMEOUT: &str = "15s";
+
+/// Checks (and, as the policy allows, creates or recreates) the publication and the slot.
+///
+/// Relays sharing a slot run this one at a time, under a session advisory lock on the slot's
+/// name: the relay that finds a slot lost (or dropped) drops and recreates it and says so,
+/// and a relay started beside it finds the recreated slot, not a missing one it would take
+/// for a first start (which would re-announce but never report the loss). The lock is
+/// released at the end, or with the session (the caller closes it); waiting for it is bounded by
+/// `lock_timeout` (an error the supervisor retries).
 pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
+    client.batch_execute(&format!("SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")).await?;
+    client.execute("SELECT pg_advisory_lock(hashtextextended('railhook.relay.slot:' || $1, 0))", &[&config.slot_name]).await?;
+    let result = prepare_locked(client, config, policy).await;
+    // A failed unlock must not hide what the setup did (a slot it created must be
+    // re-announced): the lock then goes with the session, which the caller closes.
+    if let Err(e) = client
+        .execute("SELECT pg_advisory_unlock(hashtextextended('railhook.relay.slot:' || $1, 0))", &[&config.slot_name])
+        .await
+    {
+        tracing::warn!(error = %e, slot = %config.slot_name, "could not release the slot setup lock; it goes with the session");
+    }
+    result
+}
+
+async fn prepare_locked(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
     let facts = server_facts(client).await?;
     facts.check_logical_replication().map_err(|e| RelayError::Misconfigured(e.to_string()))?;
 
