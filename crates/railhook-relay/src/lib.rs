@@ -283,6 +283,43 @@ impl Backoff {
     }
 }
 
+/// The slot setup's lock (`setup::prepare`), held on by the relay that created the slot until
+/// its stream is live (or ended, or a minute passed): the session holding it is closed then.
+struct SetupLock {
+    client: tokio_postgres::Client,
+    conn: tokio::task::JoinHandle<()>,
+}
+
+impl SetupLock {
+    /// How long the lock is held at most after the setup.
+    const MAX_HOLD: Duration = Duration::from_secs(60);
+    /// How often the stream's liveness is looked at meanwhile (only after a slot was created).
+    const POLL: Duration = Duration::from_millis(10);
+
+    fn hold(client: tokio_postgres::Client, conn: tokio::task::JoinHandle<()>) -> SetupLock {
+        SetupLock { client, conn }
+    }
+
+    /// Closes the session once the stream is live, or when the returned token is cancelled
+    /// (the stream ended), or after [`SetupLock::MAX_HOLD`].
+    fn release_when_live(self, stats: Arc<stream::RelayStats>) -> CancellationToken {
+        let ended = CancellationToken::new();
+        let token = ended.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + SetupLock::MAX_HOLD;
+            while !stats.live.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                tokio::select! {
+                    _ = ended.cancelled() => break,
+                    _ = tokio::time::sleep(SetupLock::POLL) => {}
+                }
+            }
+            drop(self.client);
+            self.conn.abort();
+        });
+        token
+    }
+}
+
 /// The CDC supervisor: set up, wait as a standby while another relay holds the slot, stream,
 /// and start over from the slot after any error that is not fatal. A lost or dropped slot is
 /// recreated (when `relay.recreate_lost_slot`) and what is still PENDING re-announced.
@@ -295,7 +332,7 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, inline: Option<ra
     let mut backoff = Backoff::new();
     let standby_poll = Duration::from_millis(config.relay.status_interval_ms.min(1_000));
     while !shutdown.is_cancelled() {
-        let attempt: Result<setup::SlotState, RelayError> = async {
+        let attempt: Result<(setup::SlotState, Option<SetupLock>), RelayError> = async {
             let (client, conn) = connect(&config.database.url).await?;
             let state = setup::prepare(&client, &config.relay, setup::SlotPolicy::from_config(&config.relay, known)).await;
             let state = match state {
@@ -308,11 +345,18 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, inline: Option<ra
             if state.recovered {
                 metrics.slot_lost.inc();
             }
+            if state.created {
+                // This relay owes the re-announcement, which its own stream makes once live:
+                // the setup lock stays held until then, so that a relay set up just after
+                // this one finds the slot streamed and waits as a standby, instead of
+                // winning START_REPLICATION and leaving the debt with a standby.
+                return Ok((state, Some(SetupLock::hold(client, conn))));
+            }
             conn.abort();
-            Ok(state)
+            Ok((state, None))
         }
         .await;
-        let state = match attempt {
+        let (state, setup_lock) = match attempt {
             Ok(s) => s,
             Err(e) if e.is_fatal() => {
                 if matches!(e, RelayError::SlotLost(_)) {
@@ -351,7 +395,11 @@ async fn supervise(config: Arc<Config>, metrics: RelayMetrics, inline: Option<ra
         }
         metrics.standby.set(0);
         let started = Instant::now();
+        let released = setup_lock.map(|lock| lock.release_when_live(metrics.stats.clone()));
         let result = stream::stream(config.clone(), announcer.clone(), state.confirmed_flush, metrics.stats.clone(), &mut needs_reannounce, shutdown.clone()).await;
+        if let Some(released) = released {
+            released.cancel();
+        }
         metrics.stats.live.store(false, std::sync::atomic::Ordering::Relaxed);
         metrics.stats.in_flight.store(0, std::sync::atomic::Ordering::Relaxed);
         match result {

@@ -4,6 +4,7 @@
 
 use railhook_config::RelayConfig;
 use railhook_core::Lsn;
+use railhook_store::locks::RELAY_SLOT_SETUP_SEED;
 use railhook_store::server::server_facts;
 use tokio_postgres::Client;
 
@@ -62,21 +63,29 @@ const SETUP_LOCK_TIMEOUT: &str = "15s";
 /// Checks (and, as the policy allows, creates or recreates) the publication and the slot.
 ///
 /// Relays sharing a slot run this one at a time, under a session advisory lock on the slot's
-/// name: the relay that finds a slot lost (or dropped) drops and recreates it and says so,
-/// and a relay started beside it finds the recreated slot, not a missing one it would take
-/// for a first start (which would re-announce but never report the loss). The lock is
-/// released at the end, or with the session (the caller closes it); waiting for it is bounded by
-/// `lock_timeout` (an error the supervisor retries).
+/// name (`locks::RELAY_SLOT_SETUP_SEED`): the relay that finds a slot lost (or dropped) drops
+/// and recreates it and says so, and a relay started beside it finds the recreated slot, not
+/// a missing one it would take for a first start (which would re-announce but never report
+/// the loss). Waiting for the lock is bounded by `lock_timeout` (an error the supervisor
+/// retries); the setup itself is not (creating a slot waits for the write transactions in
+/// progress). The lock is released at the end, or with the session, which the caller closes.
+///
+/// When this call created the slot (`created`), the lock stays held: the caller owes the
+/// re-announcement, which its own stream makes once live, and closes the session then. A
+/// relay set up meanwhile thus finds the slot streamed and waits as a standby, instead of
+/// winning START_REPLICATION and leaving the re-announcement with a standby.
 pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
     client.batch_execute(&format!("SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")).await?;
-    client.execute("SELECT pg_advisory_lock(hashtextextended('railhook.relay.slot:' || $1, 0))", &[&config.slot_name]).await?;
+    client.execute("SELECT pg_advisory_lock(hashtextextended($1, $2))", &[&config.slot_name, &RELAY_SLOT_SETUP_SEED]).await?;
+    client.batch_execute("RESET lock_timeout").await?;
     let result = prepare_locked(client, config, policy).await;
-    // A failed unlock must not hide what the setup did (a slot it created must be
-    // re-announced): the lock then goes with the session, which the caller closes.
-    if let Err(e) = client
-        .execute("SELECT pg_advisory_unlock(hashtextextended('railhook.relay.slot:' || $1, 0))", &[&config.slot_name])
-        .await
-    {
+    if matches!(&result, Ok(state) if state.created) {
+        // Kept until the caller closes the session: see the doc above.
+        return result;
+    }
+    // A failed unlock must not hide what the setup did: the lock then goes with the session,
+    // which the caller closes.
+    if let Err(e) = client.execute("SELECT pg_advisory_unlock(hashtextextended($1, $2))", &[&config.slot_name, &RELAY_SLOT_SETUP_SEED]).await {
         tracing::warn!(error = %e, slot = %config.slot_name, "could not release the slot setup lock; it goes with the session");
     }
     result

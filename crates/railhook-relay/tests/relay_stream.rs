@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use railhook_testkit::relay::{all_announced, current_lsn, insert_outbox, slot, Announcements, Fixture};
+use railhook_relay::setup::{prepare, SlotPolicy};
+use railhook_relay::RelayError;
 use railhook_testkit::{eventually, test_config, TestDb};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -224,6 +226,109 @@ async fn a_dropped_slot_is_recreated_and_nothing_is_lost() {
     assert!(reannounced > 0, "the recovery re-announced PENDING Deliveries");
     eprintln!("slot drop: {} deliveries, {} announcements, {reannounced} re-announced", ids.len(), seen.seen.len());
     relay.stop().await;
+    drop_slot(&client, &name).await;
+}
+
+/// A relay that created the slot keeps the setup lock until its stream is live: another
+/// relay's setup, waiting on that lock, finds the slot streamed (and waits as a standby)
+/// rather than free, so it cannot win START_REPLICATION and leave the re-announcement the
+/// creator owes with a standby. Here the other relay's setup is this test's, made again and
+/// again (not creating the slot) from before the relay starts.
+#[tokio::test]
+async fn a_setup_beside_the_relay_that_created_the_slot_finds_it_streamed() {
+    let db = TestDb::new().await;
+    let config = Arc::new(test_config(&db));
+    let name = config.relay.slot_name.clone();
+    let client = db.client().await;
+    let setup = db.client().await;
+    let policy = SlotPolicy { create_missing: false, known: false, recreate_lost: false };
+    let relay = Relay::start(&config);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let state = loop {
+        match prepare(&setup, &config.relay, policy).await {
+            Ok(state) => break state,
+            // The slot (or the publication) is not there yet.
+            Err(RelayError::Misconfigured(_)) if Instant::now() < deadline => continue,
+            Err(e) => panic!("setup beside the relay: {e}"),
+        }
+    };
+    assert!(!state.created, "{state:?}");
+    assert!(state.active_pid.is_some(), "the first setup to find the slot finds it streamed by its creator: {state:?}");
+    relay.live().await;
+    relay.stop().await;
+    drop_slot(&client, &name).await;
+}
+
+/// Two relays on one slot (one streaming, one standby) when the slot is dropped: exactly one
+/// recreates it, and that one streams and re-announces the PENDING work. Then both are
+/// started together on a missing slot. The relay that created the slot holds the setup lock
+/// until its stream is live, so the other cannot win START_REPLICATION and leave the
+/// re-announcement with a standby (it would then wait for the worker's stranded sweep, an
+/// hour).
+#[tokio::test]
+async fn two_relays_on_a_dropped_slot_recreate_and_reannounce_once() {
+    let db = TestDb::new().await;
+    let mut config = test_config(&db);
+    config.relay.status_interval_ms = 100;
+    let config = Arc::new(config);
+    let client = db.client().await;
+    let pool = railhook_store::build_pool(&config.database).unwrap();
+    let fixture = Fixture::create(&client, 2).await;
+    let name = config.relay.slot_name.clone();
+    let first = Relay::start(&config);
+    first.live().await;
+    let second = Relay::start(&config);
+    eventually(Duration::from_secs(30), "the second relay to wait as a standby", || async {
+        (second.metrics.standby.get() == 1).then_some(())
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.extend(fixture.ingest(&pool, "order.created").await);
+    }
+    let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
+    seen.until(Duration::from_secs(60), "the Deliveries announced", |s| all_announced(s, &ids)).await;
+
+    eventually(Duration::from_secs(30), "the slot to be dropped", || {
+        let (client, name) = (&client, &name);
+        async move {
+            client.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", &[name]).await.ok()?;
+            client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await.ok().map(|_| ())
+        }
+    })
+    .await;
+    let lost = || first.metrics.slot_lost.get() + second.metrics.slot_lost.get();
+    eventually(Duration::from_secs(30), "a relay to recreate the slot", || async { (lost() >= 1).then_some(()) }).await;
+    // Every Delivery (still PENDING: no worker runs) is announced again, by the relay that
+    // recreated the slot, from its own stream.
+    seen.until(Duration::from_secs(60), "the PENDING Deliveries re-announced", |s| {
+        ids.iter().all(|id| s.iter().any(|a| a.reason == "reannounce" && a.delivery_id.as_deref() == Some(id.as_str())))
+    })
+    .await;
+    wait_streaming(&client, &name).await;
+    eventually(Duration::from_secs(30), "the other relay to wait as a standby", || async {
+        (first.metrics.standby.get() + second.metrics.standby.get() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(lost(), 1, "one relay recreated the slot and said so");
+    first.stop().await;
+    second.stop().await;
+
+    // Both stopped, the slot dropped, both started at once (as after a deployment): fresh
+    // processes take the missing slot for a first start. One creates it; it must be the one
+    // that streams, since the re-announcement is its own stream's to make.
+    drop_slot(&client, &name).await;
+    let (first, second) = (Relay::start(&config), Relay::start(&config));
+    seen.until(Duration::from_secs(60), "the PENDING Deliveries re-announced after the restart", |s| {
+        ids.iter().all(|id| s.iter().filter(|a| a.reason == "reannounce" && a.delivery_id.as_deref() == Some(id.as_str())).count() >= 2)
+    })
+    .await;
+    eventually(Duration::from_secs(30), "one relay streaming, the other a standby", || async {
+        (first.metrics.standby.get() + second.metrics.standby.get() == 1 && (first.stats().live.load(Ordering::Relaxed) || second.stats().live.load(Ordering::Relaxed))).then_some(())
+    })
+    .await;
+    first.stop().await;
+    second.stop().await;
     drop_slot(&client, &name).await;
 }
 

@@ -66,9 +66,12 @@ async fn two_relays_setting_up_a_lost_slot_report_the_loss_once() {
     for round in 0..3 {
         invalidate(&admin, &slot).await;
         let (a, b) = (connect(&url).await, connect(&url).await);
+        // Each closes its session when its setup is done, as the relay's supervisor does (the
+        // one that created the slot later, once its stream is live; at once here).
+        let shared = &config;
         let (known, fresh) = tokio::join!(
-            prepare(&a, &config, SlotPolicy::from_config(&config, true)),
-            prepare(&b, &config, SlotPolicy::from_config(&config, false)),
+            async move { prepare(&a, shared, SlotPolicy::from_config(shared, true)).await },
+            async move { prepare(&b, shared, SlotPolicy::from_config(shared, false)).await },
         );
         let results: Vec<Result<SlotState, RelayError>> = vec![known, fresh];
         let states: Vec<&SlotState> = results.iter().map(|r| r.as_ref().unwrap_or_else(|e| panic!("round {round}: a setup failed: {e}"))).collect();
@@ -80,8 +83,7 @@ async fn two_relays_setting_up_a_lost_slot_report_the_loss_once() {
         let status: Option<String> =
             admin.query_one("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1", &[&slot]).await.unwrap().get(0);
         assert_ne!(status.as_deref(), Some("lost"), "round {round}: the slot is usable again");
-        // The setups' locks are gone with their sessions or before: a third setup goes through.
-        drop((a, b));
+        // The setups' locks are gone with their sessions: a third setup goes through.
         let again = prepare(&connect(&url).await, &config, SlotPolicy::from_config(&config, true)).await.expect("a later setup");
         assert!(!again.created && again.loss.is_none(), "round {round}: {again:?}");
     }

@@ -40,6 +40,10 @@ pub const PROJECT_CLAIM_SEED: i64 = 7061;
 /// Seed of `hashtextextended(endpoint_id::text, seed)`: an endpoint's claims serialise on it,
 /// always after the project's.
 pub const ENDPOINT_CLAIM_SEED: i64 = 6570;
+/// Seed of `hashtextextended(slot_name, seed)`: the relays sharing a slot run their setup
+/// one at a time (session level, held by `railhook_relay::setup::prepare` while it checks,
+/// drops or creates the slot).
+pub const RELAY_SLOT_SETUP_SEED: i64 = 5953;
 
 #[cfg(test)]
 mod tests {
@@ -53,6 +57,9 @@ mod tests {
                 assert_ne!(a.name, b.name);
             }
         }
-        assert_ne!(PROJECT_CLAIM_SEED, ENDPOINT_CLAIM_SEED);
+        let seeds = [PROJECT_CLAIM_SEED, ENDPOINT_CLAIM_SEED, RELAY_SLOT_SETUP_SEED];
+        for (i, a) in seeds.iter().enumerate() {
+            assert!(!seeds[i + 1..].contains(a), "seed {a} is used twice");
+        }
     }
 }
