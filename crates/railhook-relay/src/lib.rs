@@ -284,15 +284,16 @@ impl Backoff {
 }
 
 /// The slot setup's lock (`setup::prepare`), held on by the relay that created the slot until
-/// its stream is live (or ended, or a minute passed): the session holding it is closed then.
+/// its stream is live (or ended, or [`setup::SETUP_IDLE_TIMEOUT`] passed, when Postgres ends
+/// the idle session itself): the session holding it is closed then.
 struct SetupLock {
     client: tokio_postgres::Client,
     conn: tokio::task::JoinHandle<()>,
 }
 
 impl SetupLock {
-    /// How long the lock is held at most after the setup.
-    const MAX_HOLD: Duration = Duration::from_secs(60);
+    /// How long the lock is held at most after the setup (Postgres ends the session then).
+    const MAX_HOLD: Duration = setup::SETUP_IDLE_TIMEOUT;
     /// How often the stream's liveness is looked at meanwhile (only after a slot was created).
     const POLL: Duration = Duration::from_millis(10);
 

@@ -59,6 +59,10 @@ async fn create_slot(client: &Client, slot: &str) -> Result<String, RelayError> 
 
 /// How long a relay's setup waits for another relay's setup of the same slot.
 const SETUP_LOCK_TIMEOUT: &str = "15s";
+/// How long the setup's session may sit idle before Postgres ends it (`idle_session_timeout`),
+/// which releases the lock: a relay that vanished while holding it (its host gone, a network
+/// that drops everything) cannot keep the other relays from setting up for longer.
+pub const SETUP_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Checks (and, as the policy allows, creates or recreates) the publication and the slot.
 ///
@@ -68,14 +72,17 @@ const SETUP_LOCK_TIMEOUT: &str = "15s";
 /// a missing one it would take for a first start (which would re-announce but never report
 /// the loss). Waiting for the lock is bounded by `lock_timeout` (an error the supervisor
 /// retries); the setup itself is not (creating a slot waits for the write transactions in
-/// progress). The lock is released at the end, or with the session, which the caller closes.
+/// progress). The lock is released at the end, or with the session, which the caller closes
+/// (or Postgres, after [`SETUP_IDLE_TIMEOUT`] idle).
 ///
 /// When this call created the slot (`created`), the lock stays held: the caller owes the
 /// re-announcement, which its own stream makes once live, and closes the session then. A
 /// relay set up meanwhile thus finds the slot streamed and waits as a standby, instead of
 /// winning START_REPLICATION and leaving the re-announcement with a standby.
 pub async fn prepare(client: &Client, config: &RelayConfig, policy: SlotPolicy) -> Result<SlotState, RelayError> {
-    client.batch_execute(&format!("SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'")).await?;
+    client
+        .batch_execute(&format!("SET lock_timeout = '{SETUP_LOCK_TIMEOUT}'; SET idle_session_timeout = '{}ms'", SETUP_IDLE_TIMEOUT.as_millis()))
+        .await?;
     client.execute("SELECT pg_advisory_lock(hashtextextended($1, $2))", &[&config.slot_name, &RELAY_SLOT_SETUP_SEED]).await?;
     client.batch_execute("RESET lock_timeout").await?;
     let result = prepare_locked(client, config, policy).await;

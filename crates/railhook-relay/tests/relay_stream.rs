@@ -259,6 +259,32 @@ async fn a_setup_beside_the_relay_that_created_the_slot_finds_it_streamed() {
     drop_slot(&client, &name).await;
 }
 
+/// A setup's session that holds the lock and goes silent (its relay vanished behind a network
+/// that drops everything) is ended by Postgres after `setup::SETUP_IDLE_TIMEOUT`, so another
+/// relay's setup gets the lock within its own wait (15 s) instead of timing out for as long as
+/// the silent session lasts.
+#[tokio::test]
+async fn a_silent_setup_session_gives_the_lock_up() {
+    let db = TestDb::new().await;
+    let config = Arc::new(test_config(&db));
+    let name = config.relay.slot_name.clone();
+    let client = db.client().await;
+    let silent = db.client().await;
+    let created = prepare(&silent, &config.relay, SlotPolicy::from_config(&config.relay, false)).await.expect("the first setup");
+    // It created the slot, so it keeps the lock; and it says nothing more from here on.
+    assert!(created.created, "{created:?}");
+    let started = Instant::now();
+    let other = db.client().await;
+    let state = prepare(&other, &config.relay, SlotPolicy::from_config(&config.relay, true)).await.expect("the other setup gets the lock");
+    let waited = started.elapsed();
+    assert!(!state.created && state.loss.is_none(), "{state:?}");
+    assert!(waited >= railhook_relay::setup::SETUP_IDLE_TIMEOUT - Duration::from_secs(1), "it waited for the silent session ({waited:?})");
+    eprintln!("the silent session's lock came free after {waited:?}");
+    assert!(silent.is_closed() || silent.simple_query("SELECT 1").await.is_err(), "Postgres ended the silent session");
+    drop((silent, other));
+    drop_slot(&client, &name).await;
+}
+
 /// Two relays on one slot (one streaming, one standby) when the slot is dropped: exactly one
 /// recreates it, and that one streams and re-announces the PENDING work. Then both are
 /// started together on a missing slot. The relay that created the slot holds the setup lock
