@@ -34,6 +34,16 @@ async fn drop_slot(client: &tokio_postgres::Client, name: &str) {
     .await
 }
 
+/// Drops the slot under a streaming relay, as an operator would: its walsender terminated
+/// first, then the drop, until both went through before the relay reconnected.
+async fn terminate_and_drop_slot(client: &tokio_postgres::Client, name: &str) {
+    eventually(Duration::from_secs(30), "the slot to be dropped", || async move {
+        client.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", &[&name]).await.ok()?;
+        client.execute("SELECT pg_drop_replication_slot($1)", &[&name]).await.ok().map(|_| ())
+    })
+    .await
+}
+
 #[tokio::test]
 async fn relays_committed_inserts_in_order_per_key_and_confirms_after_acks() {
     let db = TestDb::new().await;
@@ -195,15 +205,7 @@ async fn a_dropped_slot_is_recreated_and_nothing_is_lost() {
     })
     .await;
     // Terminate the walsender and drop the slot before the relay reconnects.
-    let dropped = eventually(Duration::from_secs(30), "the slot to be dropped", || {
-        let (client, name) = (&client, &name);
-        async move {
-            client.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", &[name]).await.ok()?;
-            client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await.ok().map(|_| ())
-        }
-    })
-    .await;
-    let _ = dropped;
+    terminate_and_drop_slot(&client, &name).await;
     eventually(Duration::from_secs(30), "the relay to recreate the slot", || async {
         (relay.metrics.slot_lost.get() == 1).then_some(())
     })
@@ -315,14 +317,7 @@ async fn two_relays_on_a_dropped_slot_recreate_and_reannounce_once() {
     let mut seen = Announcements::subscribe(&config, &config.deliveries_topic());
     seen.until(Duration::from_secs(60), "the Deliveries announced", |s| all_announced(s, &ids)).await;
 
-    eventually(Duration::from_secs(30), "the slot to be dropped", || {
-        let (client, name) = (&client, &name);
-        async move {
-            client.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", &[name]).await.ok()?;
-            client.execute("SELECT pg_drop_replication_slot($1)", &[name]).await.ok().map(|_| ())
-        }
-    })
-    .await;
+    terminate_and_drop_slot(&client, &name).await;
     let lost = || first.metrics.slot_lost.get() + second.metrics.slot_lost.get();
     eventually(Duration::from_secs(30), "a relay to recreate the slot", || async { (lost() >= 1).then_some(()) }).await;
     // Every Delivery (still PENDING: no worker runs) is announced again, by the relay that
