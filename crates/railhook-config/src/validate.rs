@@ -41,7 +41,7 @@ impl Config {
             problems.push(format!("api.body_read_timeout_ms is {}: it must be between 100 and 3600000 (30000 is the default)", self.api.body_read_timeout_ms));
         }
         if self.api.ingest_lanes == 0 {
-            problems.push("api.ingest_lanes must be at least 1 (4 is the default)".into());
+            problems.push("api.ingest_lanes must be at least 1 (1 is the default)".into());
         }
         if self.api.ingest_batch_max == 0 {
             problems.push("api.ingest_batch_max must be at least 1 (64 is the default; 1 runs one statement per POST)".into());
