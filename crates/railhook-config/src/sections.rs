@@ -543,7 +543,7 @@ impl Default for ApiConfig {
             // does fewer, bigger statements and commits. Against 4 lanes, alternated
             // runs on 2 cores: ingest at saturation 9,400-10,000 events/s against
             // 6,800-7,300 with Postgres at 0.84 cores against 1.18, and one ordered
-            // Endpoint's 1,000/s p99 under 100 ms in 6 of 8 runs against 1 of 8
+            // Endpoint's 1,000/s p99 under 100 ms in 9 of 11 runs against 2 of 11
             // (docs/BENCHMARKS.md "Issue 30, twenty-third session").
             ingest_lanes: 1,
             ingest_batch_max: 64,
